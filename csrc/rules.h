@@ -1,0 +1,44 @@
+// The per-row and per-sequence rules shared by the CPU kernels and the CUDA kernels.
+// Pure C++ (no torch headers) so that plain nvcc can compile the CUDA side.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define TE_HD __host__ __device__ __forceinline__
+#else
+#define TE_HD inline
+#endif
+
+namespace te_fast_rules {
+
+// Which columns of a softmax row may be kept (before an explicit mask is applied).
+enum MaskMode : int {
+  kNoMask = 0,
+  kExplicitMask = 1,       // bool mask [1|b, 1, sq, sk], True = masked out
+  kTopLeftCausal = 2,      // keep j <= i
+  kBottomRightCausal = 3,  // keep j <= i + (sk - sq)
+};
+
+// Columns j < kept_prefix(...) may be kept; columns at or past it are masked.
+TE_HD int64_t kept_prefix(int mode, int64_t i, int64_t sq, int64_t sk) {
+  int64_t limit = sk;
+  if (mode == kTopLeftCausal) {
+    limit = i + 1;
+  } else if (mode == kBottomRightCausal) {
+    limit = i + 1 + sk - sq;
+  }
+  return limit < 0 ? 0 : (limit > sk ? sk : limit);
+}
+
+// A sequence x of cu_seqlens is usable when it starts at or after 0 with cu_seqlens[0] == 0,
+// has non-negative length no longer than max_len, and ends inside the token buffer.
+// Every kernel checks exactly this before touching memory, so bad values never read out of
+// bounds; the host-side validation reports the first violation of the same rule.
+TE_HD bool sequence_ok(const int32_t* cu, int64_t x, int64_t num_tokens, int64_t max_len) {
+  const int64_t start = cu[x];
+  const int64_t end = cu[x + 1];
+  return cu[0] == 0 && start >= 0 && end >= start && end <= num_tokens && end - start <= max_len;
+}
+
+}  // namespace te_fast_rules

@@ -1,0 +1,159 @@
+// te_fast operator schemas (one place) and their CPU implementations.
+#include <Python.h>
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "checks.h"
+#include "op_table.h"
+#include "rules.h"
+
+// A dummy module init so that `from te_fast import _C` loads this library (and with it the
+// TORCH_LIBRARY registrations below); no pybind11 is needed.
+PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+
+TORCH_LIBRARY(te_fast, m) {
+  m.def("scaled_softmax_fwd(Tensor x, float scale) -> Tensor");
+  m.def("scaled_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
+  m.def("scaled_masked_softmax_fwd(Tensor x, Tensor mask, float scale) -> Tensor");
+  m.def("scaled_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
+  m.def("scaled_upper_triang_masked_softmax_fwd(Tensor x, float scale) -> Tensor");
+  m.def("scaled_upper_triang_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
+  m.def("scaled_aligned_causal_masked_softmax_fwd(Tensor x, float scale) -> Tensor");
+  m.def("scaled_aligned_causal_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
+  m.def(
+      "convert_thd_to_bshd(Tensor thd, Tensor cu_seqlens, SymInt batch_size, SymInt max_seqlen)"
+      " -> Tensor");
+  m.def("convert_bshd_to_thd(Tensor bshd, Tensor cu_seqlens, SymInt num_tokens) -> Tensor");
+}
+
+namespace te_fast {
+namespace {
+
+using te_fast_rules::kept_prefix;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+template <typename T>
+void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T* y,
+                      const RowGeometry& g, float scale, int mode) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(g.sk, 1));
+  at::parallel_for(0, g.rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> v(g.sk);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row % g.sq;
+      const int64_t limit = kept_prefix(mode, i, g.sq, g.sk);
+      const T* xr = x + row * g.sk;
+      const bool* m = mode == te_fast_rules::kExplicitMask
+                          ? mask + (row / (g.heads * g.sq)) * mask_batch_stride + i * g.sk
+                          : nullptr;
+      float mx = kNegInf;
+      for (int64_t j = 0; j < g.sk; ++j) {
+        const bool keep = j < limit && (m == nullptr || !m[j]);
+        v[j] = keep ? static_cast<float>(xr[j]) * scale : kNegInf;
+        mx = std::fmax(mx, v[j]);
+      }
+      float sum = 0.f;
+      for (int64_t j = 0; j < g.sk; ++j) {
+        v[j] = v[j] == kNegInf ? 0.f : std::exp(v[j] - mx);
+        sum += v[j];
+      }
+      T* yr = y + row * g.sk;
+      for (int64_t j = 0; j < g.sk; ++j) {
+        yr[j] = static_cast<T>(sum == 0.f ? 0.f : v[j] / sum);  // fully masked row -> 0
+      }
+    }
+  });
+}
+
+template <typename T>
+void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t sk, float scale) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(sk, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* dyr = dy + row * sk;
+      const T* yr = y + row * sk;
+      float dot = 0.f;
+      for (int64_t j = 0; j < sk; ++j) {
+        dot += static_cast<float>(dyr[j]) * static_cast<float>(yr[j]);
+      }
+      T* dxr = dx + row * sk;
+      for (int64_t j = 0; j < sk; ++j) {
+        const float yj = static_cast<float>(yr[j]);
+        dxr[j] = static_cast<T>(scale * yj * (static_cast<float>(dyr[j]) - dot));
+      }
+    }
+  });
+}
+
+// The CPU backend of OpTable: rows in parallel with at::parallel_for, fp32 accumulation.
+struct CpuBackend {
+  static void softmax_fwd(const SoftmaxFwdPlan& p, float scale, int mode) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.x.scalar_type(), "softmax_fwd_cpu", [&] {
+      softmax_fwd_rows<scalar_t>(p.x.const_data_ptr<scalar_t>(),
+                                 p.mask.defined() ? p.mask.const_data_ptr<bool>() : nullptr,
+                                 p.mask_batch_stride, p.y.mutable_data_ptr<scalar_t>(), p.g, scale,
+                                 mode);
+    });
+  }
+
+  static void softmax_bwd(const SoftmaxBwdPlan& p, float scale) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.y.scalar_type(), "softmax_bwd_cpu", [&] {
+      softmax_bwd_rows<scalar_t>(p.dy.const_data_ptr<scalar_t>(), p.y.const_data_ptr<scalar_t>(),
+                                 p.dx.mutable_data_ptr<scalar_t>(), p.g.rows, p.g.sk, scale);
+    });
+  }
+
+  // Token rows are copied as bytes: one code path for every storage dtype, fp8 included, and
+  // all-zero bytes are 0.0 in each of them.
+  static void thd_to_bshd(const char* op, const at::Tensor& thd, const at::Tensor& cu,
+                          at::Tensor& out, const ConvertShape& s) {
+    const int32_t* c = cu.const_data_ptr<int32_t>();
+    validate_cu_seqlens_values(op, c, s.batch, s.tokens, "thd.shape[0]", s.seqlen, "max_seqlen");
+    const int64_t rb = s.row_bytes;
+    const char* src = static_cast<const char*>(thd.const_data_ptr());
+    char* dst = static_cast<char*>(out.mutable_data_ptr());
+    at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t x = begin; x < end; ++x) {
+        const int64_t len = c[x + 1] - c[x];
+        char* d = dst + x * s.seqlen * rb;
+        if (len > 0) std::memcpy(d, src + static_cast<int64_t>(c[x]) * rb, len * rb);
+        if (len < s.seqlen) std::memset(d + len * rb, 0, (s.seqlen - len) * rb);
+      }
+    });
+  }
+
+  static void bshd_to_thd(const char* op, const at::Tensor& bshd, const at::Tensor& cu,
+                          at::Tensor& out, const ConvertShape& s) {
+    const int32_t* c = cu.const_data_ptr<int32_t>();
+    validate_cu_seqlens_values(op, c, s.batch, s.tokens, "num_tokens", s.seqlen, "bshd.shape[1]");
+    const int64_t rb = s.row_bytes;
+    const char* src = static_cast<const char*>(bshd.const_data_ptr());
+    char* dst = static_cast<char*>(out.mutable_data_ptr());
+    at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t x = begin; x < end; ++x) {
+        const int64_t len = c[x + 1] - c[x];
+        if (len > 0) {
+          std::memcpy(dst + static_cast<int64_t>(c[x]) * rb, src + x * s.seqlen * rb, len * rb);
+        }
+      }
+    });
+    const int64_t used = c[s.batch];  // tokens past cu_seqlens[-1] are zero
+    if (used < s.tokens) std::memset(dst + used * rb, 0, (s.tokens - used) * rb);
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(te_fast, CPU, m) { OpTable<CpuBackend>::register_all(m); }
+
+}  // namespace te_fast

@@ -1,0 +1,67 @@
+"""Builds te_fast._C ahead of time: CPU kernels always, CUDA kernels when torch and a toolkit allow."""
+
+import glob
+import os
+
+from setuptools import setup
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _want_cuda() -> bool:
+    flag = os.environ.get("TE_FAST_CUDA")
+    if flag == "0":
+        return False
+    if os.environ.get("TE_FAST_FORCE_CUDA") == "1":
+        return True
+    # A CUDA build of torch plus a toolkit is enough: no GPU is needed to build.
+    import torch
+
+    return bool(torch.version.cuda) and cpp_extension.CUDA_HOME is not None
+
+
+def _default_arch_list() -> None:
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return  # honoured as given
+    arch = "9.0"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            arch = f"{major}.{minor}"
+    except Exception:  # no driver: keep the default
+        pass
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+
+
+def get_extensions():
+    """One extension, te_fast._C; the CUDA sources join when a CUDA build is possible."""
+    sources = [os.path.join("csrc", "te_fast.cpp")]
+    cxx = ["-O3", "-std=c++20", "-fvisibility=hidden"]
+    extra = {"cxx": cxx}
+    use_cuda = _want_cuda()
+    if use_cuda:
+        _default_arch_list()
+        sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
+        sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
+        extra["nvcc"] = ["-O3", "-std=c++17", "--use_fast_math=false", "-lineinfo"]
+        ext = cpp_extension.CUDAExtension
+    else:
+        ext = cpp_extension.CppExtension
+    return [
+        ext(
+            name="te_fast._C",
+            sources=sources,
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            extra_compile_args=extra,
+            define_macros=[("TE_FAST_WITH_CUDA", "1" if use_cuda else "0")],
+        )
+    ]
+
+
+setup(
+    ext_modules=get_extensions(),
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,6 @@
+"""te_fast: Transformer Engine-style unfused attention on custom C++/CUDA ops (torch.library)."""
+
+from te_fast import ops
+from te_fast._loader import UNAVAILABLE_REASON, device_unavailable_reason, has_kernel
+
+__all__ = ["UNAVAILABLE_REASON", "device_unavailable_reason", "has_kernel", "ops"]
