@@ -2,5 +2,12 @@
 
 from te_fast import ops
 from te_fast._loader import UNAVAILABLE_REASON, device_unavailable_reason, has_kernel
+from te_fast.attention import UnfusedDotProductAttention
 
-__all__ = ["UNAVAILABLE_REASON", "device_unavailable_reason", "has_kernel", "ops"]
+__all__ = [
+    "UNAVAILABLE_REASON",
+    "UnfusedDotProductAttention",
+    "device_unavailable_reason",
+    "has_kernel",
+    "ops",
+]

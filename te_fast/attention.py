@@ -1,0 +1,270 @@
+"""UnfusedDotProductAttention: BMM1 -> te_fast softmax op -> BMM2, in any SPEC layout."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from te_fast import ops
+from te_ref.config import AttentionConfig, resolve
+from te_ref.layouts import SOFTMAX_TYPES
+
+__all__ = ["UnfusedDotProductAttention"]
+
+
+def _heads_first(t, fmt, cu_seqlens, b, s):
+    """Any format -> (b, h, s, d); thd goes through the te_fast conversion op."""
+    if fmt == "sbhd":
+        return t.permute(1, 2, 0, 3)  # (s, b, h, d) -> (b, h, s, d)
+    if fmt == "bshd":
+        return t.permute(0, 2, 1, 3)  # (b, s, h, d) -> (b, h, s, d)
+    return ops.convert_thd_to_bshd(t, cu_seqlens, b, s).permute(0, 2, 1, 3)  # (b, h, s, d)
+
+
+def _repeat_kv(t, h):
+    """GQA/MQA: (b, hg, s, d) -> (b, h, s, d), query head i reading kv head i // (h // hg)."""
+    b, hg, s, d = t.shape
+    if hg == h:
+        return t
+    return t[:, :, None].expand(b, hg, h // hg, s, d).reshape(b, h, s, d)
+
+
+def _alibi_slopes(h, device):
+    """Default ALiBi slopes computed on the device (no host-to-device copy, capture-safe)."""
+    n = 1 << (h.bit_length() - 1)  # 2**floor(log2 h)
+    k = torch.arange(1, n + 1, device=device, dtype=torch.float32)
+    slopes = torch.exp2(-8.0 * k / n)
+    if n < h:
+        odd = torch.arange(1, 2 * (h - n), 2, device=device, dtype=torch.float32)
+        slopes = torch.cat([slopes, torch.exp2(-4.0 * odd / n)])
+    return slopes  # (h,)
+
+
+class UnfusedDotProductAttention(torch.nn.Module):
+    """Transformer Engine-style unfused attention on te_fast's custom ops.
+
+    softmax_type="learnable" needs an offset per head: construct with num_attention_heads to own
+    an ``nn.Parameter`` ``softmax_offset`` of shape [h] (initialised to zeros), or pass
+    ``softmax_offset`` to forward (which then overrides the parameter).
+    """
+
+    def __init__(
+        self,
+        softmax_scale: float | None,
+        attention_type: str = "self",
+        attention_dropout: float = 0.0,
+        attention_dropout_ctx=contextlib.nullcontext,
+        layer_number: int | None = None,
+        softmax_type: str = "vanilla",
+        return_max_logit: bool = False,
+        num_attention_heads: int | None = None,
+    ):
+        super().__init__()
+        if softmax_type not in SOFTMAX_TYPES:
+            raise ValueError(f"unknown softmax_type {softmax_type!r}; expected one of {SOFTMAX_TYPES}")
+        if attention_type not in ("self", "cross"):
+            raise ValueError(f"attention_type must be 'self' or 'cross', got {attention_type!r}")
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout}")
+        self.softmax_scale = softmax_scale
+        self.attention_type = attention_type
+        self.attention_dropout = attention_dropout
+        self.attention_dropout_ctx = attention_dropout_ctx
+        self.layer_number = layer_number
+        self.softmax_type = softmax_type
+        self.return_max_logit = return_max_logit
+        if softmax_type == "learnable" and num_attention_heads is not None:
+            self.softmax_offset = torch.nn.Parameter(torch.zeros(num_attention_heads))
+        else:
+            self.register_parameter("softmax_offset", None)
+
+    def forward(
+        self,
+        query_layer: torch.Tensor,
+        key_layer: torch.Tensor,
+        value_layer: torch.Tensor,
+        *,
+        qkv_layout: str = "sbh3d",
+        cu_seqlens_q: torch.Tensor | None = None,
+        cu_seqlens_kv: torch.Tensor | None = None,
+        max_seqlen_q: int | None = None,
+        max_seqlen_kv: int | None = None,
+        attn_mask_type: str = "causal",
+        attention_mask=None,
+        window_size: tuple[int, int] | None = None,
+        bottom_right_diagonal: bool | None = None,
+        core_attention_bias_type: str = "no_bias",
+        core_attention_bias: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        softmax_offset: torch.Tensor | None = None,
+        fp8: bool = False,
+        fp8_meta: dict | None = None,
+        fp8_output: bool = False,
+    ):
+        """Attention in the SPEC §1 output shape; (out, max_logit [h]) with return_max_logit."""
+        if fp8 or fp8_output:
+            raise NotImplementedError("te_fast: FP8 attention (fp8=True / fp8_output=True) is not implemented yet")
+        cfg = resolve(
+            query_layer, key_layer, value_layer,
+            qkv_layout=qkv_layout, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+            max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, attn_mask_type=attn_mask_type,
+            attention_mask=attention_mask, window_size=window_size,
+            bottom_right_diagonal=bottom_right_diagonal,
+            core_attention_bias_type=core_attention_bias_type,
+            core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
+            softmax_type=self.softmax_type, softmax_offset=softmax_offset,
+            attention_type=self.attention_type,
+            has_offset_parameter=self.softmax_offset is not None,
+        )  # fmt: skip
+        offset = softmax_offset if softmax_offset is not None else self.softmax_offset
+        return self._attention(
+            cfg, query_layer, key_layer, value_layer, cu_seqlens_q,
+            cu_seqlens_kv if cu_seqlens_kv is not None else cu_seqlens_q,
+            attention_mask, core_attention_bias, alibi_slopes, offset,
+        )  # fmt: skip
+
+    def _attention(self, cfg: AttentionConfig, q, k, v, cu_q, cu_kv, attention_mask, bias,
+                   alibi_slopes, offset):  # fmt: skip
+        b, sq, skv, h = cfg.b, cfg.sq, cfg.skv, cfg.h
+        scale = cfg.dqk**-0.5 if self.softmax_scale is None else self.softmax_scale
+        qh = _heads_first(q, cfg.layout.q_format, cu_q, b, sq)  # (b, h, sq, dqk)
+        kh = _repeat_kv(_heads_first(k, cfg.layout.kv_format, cu_kv, b, skv), h)  # (b, h, skv, dqk)
+        vh = _repeat_kv(_heads_first(v, cfg.layout.kv_format, cu_kv, b, skv), h)  # (b, h, skv, dv)
+
+        lq = lkv = None
+        if cfg.q_lengths is not None:
+            lq = self._lengths(cfg.q_lengths, cu_q, attention_mask, 0)  # (b,)
+            lkv = self._lengths(cfg.kv_lengths, cu_kv, attention_mask, 1)  # (b,)
+
+        # BMM1 and bias; `softmax_scale` is what the softmax kernel still has to apply (in fp32).
+        scores = torch.matmul(qh, kh.transpose(-2, -1))  # (b, h, sq, skv)
+        softmax_scale = scale
+        if cfg.bias_type == "pre_scale_bias":
+            scores = scores + bias.to(scores.dtype)
+        elif cfg.bias_type == "post_scale_bias":
+            scores = scores * scale + bias.to(scores.dtype)
+            softmax_scale = 1.0
+        elif cfg.bias_type == "alibi":
+            scores = scores * scale + self._alibi(cfg, alibi_slopes, lq, lkv, q.device).to(scores.dtype)
+            softmax_scale = 1.0
+
+        kernel_causal = (
+            cfg.causal and lq is None and cfg.window[0] < 0 and cfg.attn_mask_type != "arbitrary"
+            and cfg.softmax_type == "vanilla" and not self.return_max_logit
+        )  # fmt: skip
+        masked = None if kernel_causal else self._mask(cfg, lq, lkv, attention_mask, q.device)
+
+        if cfg.softmax_type != "vanilla":
+            probs = self._sink_softmax(cfg, scores, softmax_scale, masked, offset)
+        elif kernel_causal and not cfg.bottom_right:
+            probs = ops.scaled_upper_triang_masked_softmax(
+                scores.reshape(b * h, sq, skv), softmax_scale
+            ).view(b, h, sq, skv)
+        elif kernel_causal:
+            probs = ops.scaled_aligned_causal_masked_softmax(scores, softmax_scale)
+        elif masked is None:
+            probs = ops.scaled_softmax(scores, softmax_scale)
+        else:
+            probs = self._masked_softmax(scores, masked, softmax_scale)
+
+        if self.attention_dropout > 0.0:
+            with self.attention_dropout_ctx():
+                probs = torch.nn.functional.dropout(probs, self.attention_dropout, self.training)
+
+        o = torch.matmul(probs, vh)  # (b, h, sq, dv)
+        out = self._output(cfg, o, cu_q)
+        if not self.return_max_logit:
+            return out
+        logits = scores.float() * softmax_scale  # (b, h, sq, skv)
+        if masked is not None:
+            logits = logits.masked_fill(masked, float("-inf"))
+        return out, logits.amax(dim=(0, 2, 3))  # (h,)
+
+    @staticmethod
+    def _lengths(source, cu_seqlens, attention_mask, which):
+        if source == "cu_seqlens":
+            return cu_seqlens[1:] - cu_seqlens[:-1]  # (b,) on the device: no host sync
+        mask = attention_mask[which] if isinstance(attention_mask, (tuple, list)) else attention_mask
+        return (~mask).sum(dim=(1, 2, 3))  # (b,)
+
+    @staticmethod
+    def _band(cfg, lq, lkv, device):
+        """(j - i - diagonal) as (b|1, 1, sq, skv): the distance from each element's diagonal."""
+        i = torch.arange(cfg.sq, device=device).view(1, 1, cfg.sq, 1)
+        j = torch.arange(cfg.skv, device=device).view(1, 1, 1, cfg.skv)
+        if not cfg.bottom_right:
+            return j - i
+        if lq is None:
+            return j - i - (cfg.skv - cfg.sq)
+        return j - i - (lkv - lq).view(-1, 1, 1, 1)
+
+    def _mask(self, cfg, lq, lkv, attention_mask, device):
+        """Bool (b|1, h|1, sq, skv), True = masked out; None when nothing can be masked."""
+        masked = None
+        if lq is not None:
+            i = torch.arange(cfg.sq, device=device).view(1, 1, cfg.sq, 1)
+            j = torch.arange(cfg.skv, device=device).view(1, 1, 1, cfg.skv)
+            masked = (i >= lq.view(-1, 1, 1, 1)) | (j >= lkv.view(-1, 1, 1, 1))
+        left, right = cfg.window
+        if left >= 0 or right >= 0:
+            rel = self._band(cfg, lq, lkv, device)
+            band = torch.zeros_like(rel, dtype=torch.bool)
+            if right >= 0:
+                band = band | (rel > right)
+            if left >= 0:
+                band = band | (rel < -left)
+            masked = band if masked is None else masked | band
+        if cfg.attn_mask_type == "arbitrary":
+            masked = attention_mask if masked is None else masked | attention_mask
+        return masked
+
+    def _alibi(self, cfg, slopes, lq, lkv, device):
+        """-slope_h * |i - j + off| as fp32 (b|1, h, sq, skv)."""
+        if slopes is None:
+            slopes = _alibi_slopes(cfg.h, device)
+        slopes = slopes.float().reshape(-1, cfg.h, 1, 1)  # (b|1, h, 1, 1)
+        distance = self._band(cfg, lq, lkv, device).abs().float()  # (b|1, 1, sq, skv)
+        return -slopes * distance
+
+    @staticmethod
+    def _masked_softmax(scores, masked, scale):
+        b, h, sq, skv = scores.shape
+        if masked.shape[1] == 1:  # one mask per batch element (or one for all)
+            return ops.scaled_masked_softmax(scores, masked.expand(-1, 1, sq, skv), scale)
+        # per-head masks: give each (batch, head) row block its own "batch" entry
+        per_head = masked.expand(b, h, sq, skv).reshape(b * h, 1, sq, skv)
+        probs = ops.scaled_masked_softmax(scores.reshape(b * h, 1, sq, skv), per_head, scale)
+        return probs.view(b, h, sq, skv)
+
+    def _sink_softmax(self, cfg, scores, scale, masked, offset):
+        """off-by-one / learnable: one extra logit (0 or offset[h]) joins every row's denominator.
+
+        The scores are scaled in fp32 and the sink column appended, so the te_fast kernel runs on
+        [b, h, sq, skv + 1] in fp32; the sink column is never masked and is dropped afterwards.
+        """
+        b, h, sq, skv = scores.shape
+        logits = scores.float() * scale  # (b, h, sq, skv)
+        if cfg.softmax_type == "off-by-one":
+            sink = logits.new_zeros(b, h, sq, 1)
+        else:
+            sink = offset.float().reshape(1, h, 1, 1).expand(b, h, sq, 1)
+        ext = torch.cat([logits, sink], dim=-1)  # (b, h, sq, skv + 1)
+        if masked is None:
+            probs = ops.scaled_softmax(ext, 1.0)
+        else:
+            m = masked.expand(-1, -1, sq, skv)
+            keep_sink = torch.zeros(m.shape[:-1] + (1,), dtype=torch.bool, device=m.device)
+            probs = self._masked_softmax(ext, torch.cat([m, keep_sink], dim=-1), 1.0)
+        return probs[..., :skv].to(scores.dtype)  # (b, h, sq, skv)
+
+    @staticmethod
+    def _output(cfg, o, cu_q):
+        b, h, sq, dv = o.shape
+        if cfg.layout.q_format == "sbhd":
+            return o.permute(2, 0, 1, 3).reshape(sq, b, h * dv)  # (sq, b, h*dv)
+        if cfg.layout.q_format == "bshd":
+            return o.permute(0, 2, 1, 3).reshape(b, sq, h * dv)  # (b, sq, h*dv)
+        t = cfg.num_tokens_q
+        thd = ops.convert_bshd_to_thd(o.permute(0, 2, 1, 3), cu_q, t)  # (t, h, dv)
+        return thd.view(t, h * dv)

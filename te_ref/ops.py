@@ -1,0 +1,102 @@
+"""Reference versions of the six te_fast ops: plain PyTorch, differentiable, any compute dtype."""
+
+from __future__ import annotations
+
+import torch
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def accumulate_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """Softmax accumulation dtype: fp32 for fp16/bf16 (the same-precision composite), else itself."""
+    return torch.float32 if compute_dtype in _LOW_PRECISION else compute_dtype
+
+
+def masked_softmax(scores: torch.Tensor, masked: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last dim of the unmasked columns (masked: bool, True = masked out).
+
+    Masked columns get exactly 0, and a row with every column masked (or -inf) is all 0.
+    """
+    if masked is not None:
+        scores = scores.masked_fill(masked, float("-inf"))
+    row_max = scores.amax(-1, keepdim=True).detach()  # the shift does not change the softmax
+    row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
+    e = torch.exp(scores - row_max)  # masked: exp(-inf) = 0
+    denom = e.sum(-1, keepdim=True)
+    return e / torch.where(denom > 0, denom, torch.ones_like(denom))  # empty row: 0 / 1
+
+
+def _softmax(x, scale, masked, compute_dtype):
+    s = x.to(accumulate_dtype(compute_dtype)) * scale  # (..., sq, sk)
+    return masked_softmax(s, masked).to(compute_dtype)
+
+
+def _causal_mask(sq: int, sk: int, offset: int, device) -> torch.Tensor:
+    i = torch.arange(sq, device=device).view(sq, 1)
+    j = torch.arange(sk, device=device).view(1, sk)
+    return j > i + offset  # (sq, sk), True = masked
+
+
+def scaled_softmax(x, scale, compute_dtype=torch.float64):
+    """softmax(scale * x). x: [b, h, sq, sk]."""
+    return _softmax(x, scale, None, compute_dtype)
+
+
+def scaled_masked_softmax(x, mask, scale, compute_dtype=torch.float64):
+    """softmax(scale * x) with mask bool [1|b, 1, sq, sk], True = masked out. x: [b, h, sq, sk]."""
+    return _softmax(x, scale, mask, compute_dtype)
+
+
+def scaled_upper_triang_masked_softmax(x, scale, compute_dtype=torch.float64):
+    """Top-left causal (keep j <= i). x: [attn_batches, sq, sk]."""
+    sq, sk = x.shape[-2], x.shape[-1]
+    return _softmax(x, scale, _causal_mask(sq, sk, 0, x.device), compute_dtype)
+
+
+def scaled_aligned_causal_masked_softmax(x, scale, compute_dtype=torch.float64):
+    """Bottom-right causal (keep j <= i + sk - sq). x: [b, h, sq, sk]."""
+    sq, sk = x.shape[-2], x.shape[-1]
+    return _softmax(x, scale, _causal_mask(sq, sk, sk - sq, x.device), compute_dtype)
+
+
+def check_cu_seqlens(cu_seqlens, batch_size, num_tokens, max_len, what="max_seqlen"):
+    """Host-side list of cu_seqlens after checking SPEC §3's rules; ValueError otherwise."""
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
+        raise ValueError(
+            f"cu_seqlens must be a 1-D int32 tensor, got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
+        )
+    if cu_seqlens.shape[0] != batch_size + 1:
+        raise ValueError(
+            f"cu_seqlens must have shape [{batch_size + 1}], got {tuple(cu_seqlens.shape)}"
+        )
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens[0] must be 0, got {cu[0]}")
+    for x in range(batch_size):
+        if cu[x + 1] < cu[x]:
+            raise ValueError(f"cu_seqlens must be non-decreasing, got {cu}")
+        if cu[x + 1] - cu[x] > max_len:
+            raise ValueError(f"sequence {x} has length {cu[x + 1] - cu[x]} > {what} = {max_len}")
+    if cu[-1] > num_tokens:
+        raise ValueError(f"cu_seqlens[-1] = {cu[-1]} is past the {num_tokens} tokens")
+    return cu
+
+
+def convert_thd_to_bshd(thd, cu_seqlens, batch_size, max_seqlen, compute_dtype=torch.float64):
+    """Ragged [t, h, d] -> zero-padded [batch_size, max_seqlen, h, d] in compute_dtype."""
+    cu = check_cu_seqlens(cu_seqlens, batch_size, thd.shape[0], max_seqlen)
+    src = thd.to(compute_dtype)
+    out = src.new_zeros((batch_size, max_seqlen) + tuple(thd.shape[1:]))  # (b, s, h, d)
+    for x in range(batch_size):
+        out[x, : cu[x + 1] - cu[x]] = src[cu[x] : cu[x + 1]]
+    return out
+
+
+def convert_bshd_to_thd(bshd, cu_seqlens, num_tokens, compute_dtype=torch.float64):
+    """Padded [b, s, h, d] -> ragged [num_tokens, h, d] in compute_dtype; rows past cu[-1] are 0."""
+    cu = check_cu_seqlens(cu_seqlens, bshd.shape[0], num_tokens, bshd.shape[1], "bshd.shape[1]")
+    src = bshd.to(compute_dtype)
+    out = src.new_zeros((num_tokens,) + tuple(bshd.shape[2:]))  # (t, h, d)
+    for x in range(bshd.shape[0]):
+        out[cu[x] : cu[x + 1]] = src[x, : cu[x + 1] - cu[x]]
+    return out
