@@ -1,4 +1,4 @@
-"""Builds te_fast._C ahead of time: CPU kernels always, CUDA kernels when torch and a toolkit allow."""
+"""Builds te_fast._C ahead of time: CPU kernels always, CUDA kernels when torch and nvcc allow."""
 
 import glob
 import os

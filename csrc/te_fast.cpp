@@ -43,6 +43,10 @@ using te_fast_rules::kept_prefix;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// kAccumulateNote: elements are computed in fp32, row sums are accumulated in double (CPU and
+// CUDA alike). With fp32 inputs a sequential fp32 sum drifts by ~n ulp and would dominate the
+// error; the kernels are memory-bound, so the wider adds cost nothing measurable.
+
 template <typename T>
 void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T* y,
                       const RowGeometry& g, float scale, int mode) {
@@ -62,14 +66,15 @@ void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T
         v[j] = keep ? static_cast<float>(xr[j]) * scale : kNegInf;
         mx = std::fmax(mx, v[j]);
       }
-      float sum = 0.f;
+      double sum = 0.0;  // see kAccumulateNote
       for (int64_t j = 0; j < g.sk; ++j) {
         v[j] = v[j] == kNegInf ? 0.f : std::exp(v[j] - mx);
         sum += v[j];
       }
+      const double inv = sum == 0.0 ? 0.0 : 1.0 / sum;  // fully masked row -> 0
       T* yr = y + row * g.sk;
       for (int64_t j = 0; j < g.sk; ++j) {
-        yr[j] = static_cast<T>(sum == 0.f ? 0.f : v[j] / sum);  // fully masked row -> 0
+        yr[j] = static_cast<T>(static_cast<float>(v[j] * inv));
       }
     }
   });
@@ -82,10 +87,11 @@ void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t sk, 
     for (int64_t row = begin; row < end; ++row) {
       const T* dyr = dy + row * sk;
       const T* yr = y + row * sk;
-      float dot = 0.f;
+      double acc = 0.0;  // see kAccumulateNote
       for (int64_t j = 0; j < sk; ++j) {
-        dot += static_cast<float>(dyr[j]) * static_cast<float>(yr[j]);
+        acc += static_cast<double>(static_cast<float>(dyr[j]) * static_cast<float>(yr[j]));
       }
+      const float dot = static_cast<float>(acc);
       T* dxr = dx + row * sk;
       for (int64_t j = 0; j < sk; ++j) {
         const float yj = static_cast<float>(yr[j]);

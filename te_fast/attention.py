@@ -62,7 +62,9 @@ class UnfusedDotProductAttention(torch.nn.Module):
     ):
         super().__init__()
         if softmax_type not in SOFTMAX_TYPES:
-            raise ValueError(f"unknown softmax_type {softmax_type!r}; expected one of {SOFTMAX_TYPES}")
+            raise ValueError(
+                f"unknown softmax_type {softmax_type!r}; expected one of {SOFTMAX_TYPES}"
+            )
         if attention_type not in ("self", "cross"):
             raise ValueError(f"attention_type must be 'self' or 'cross', got {attention_type!r}")
         if not 0.0 <= attention_dropout < 1.0:
@@ -104,7 +106,9 @@ class UnfusedDotProductAttention(torch.nn.Module):
     ):
         """Attention in the SPEC §1 output shape; (out, max_logit [h]) with return_max_logit."""
         if fp8 or fp8_output:
-            raise NotImplementedError("te_fast: FP8 attention (fp8=True / fp8_output=True) is not implemented yet")
+            raise NotImplementedError(
+                "te_fast: FP8 attention (fp8=True / fp8_output=True) is not implemented yet"
+            )
         cfg = resolve(
             query_layer, key_layer, value_layer,
             qkv_layout=qkv_layout, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
@@ -146,7 +150,9 @@ class UnfusedDotProductAttention(torch.nn.Module):
             scores = scores * scale + bias.to(scores.dtype)
             softmax_scale = 1.0
         elif cfg.bias_type == "alibi":
-            scores = scores * scale + self._alibi(cfg, alibi_slopes, lq, lkv, q.device).to(scores.dtype)
+            scores = scores * scale + self._alibi(cfg, alibi_slopes, lq, lkv, q.device).to(
+                scores.dtype
+            )
             softmax_scale = 1.0
 
         kernel_causal = (
@@ -185,7 +191,9 @@ class UnfusedDotProductAttention(torch.nn.Module):
     def _lengths(source, cu_seqlens, attention_mask, which):
         if source == "cu_seqlens":
             return cu_seqlens[1:] - cu_seqlens[:-1]  # (b,) on the device: no host sync
-        mask = attention_mask[which] if isinstance(attention_mask, (tuple, list)) else attention_mask
+        mask = (
+            attention_mask[which] if isinstance(attention_mask, (tuple, list)) else attention_mask
+        )
         return (~mask).sum(dim=(1, 2, 3))  # (b,)
 
     @staticmethod

@@ -121,7 +121,9 @@ def _check_softmax_input(op: str, name: str, x: torch.Tensor, dim: int, layout: 
     )
     torch._check(
         x.dtype in _SOFTMAX_DTYPES,
-        lambda: f"te_fast: {op} expects {name} of dtype float16, bfloat16 or float32, got {x.dtype}",
+        lambda: (
+            f"te_fast: {op} expects {name} of dtype float16, bfloat16 or float32, got {x.dtype}"
+        ),
     )
 
 
@@ -129,8 +131,10 @@ def _check_softmax_bwd(op: str, dy: torch.Tensor, y: torch.Tensor, dim: int, lay
     _check_softmax_input(op, "y", y, dim, layout)
     torch._check(
         dy.shape == y.shape,
-        lambda: f"te_fast: {op} expects dy of the same shape as y {tuple(y.shape)}, got "
-        f"{tuple(dy.shape)}",
+        lambda: (
+            f"te_fast: {op} expects dy of the same shape as y {tuple(y.shape)}, got "
+            f"{tuple(dy.shape)}"
+        ),
     )
     torch._check(
         dy.dtype == y.dtype,
@@ -145,8 +149,10 @@ def _check_cu_seqlens(op: str, cu_seqlens: torch.Tensor, batch: int) -> None:
     )
     torch._check(
         cu_seqlens.dim() == 1 and cu_seqlens.shape[0] == batch + 1,
-        lambda: f"te_fast: {op} expects cu_seqlens of shape [{batch} + 1], got "
-        f"{tuple(cu_seqlens.shape)}",
+        lambda: (
+            f"te_fast: {op} expects cu_seqlens of shape [{batch} + 1], got "
+            f"{tuple(cu_seqlens.shape)}"
+        ),
     )
 
 
@@ -191,8 +197,10 @@ def _fake_scaled_masked_softmax_fwd(x, mask, scale):
         and mask.shape[1] == 1
         and mask.shape[2] == x.shape[2]
         and mask.shape[3] == x.shape[3],
-        lambda: f"te_fast: {op} expects mask of shape [1|b, 1, sq, sk] for x of shape "
-        f"{tuple(x.shape)}, got {tuple(mask.shape)}",
+        lambda: (
+            f"te_fast: {op} expects mask of shape [1|b, 1, sq, sk] for x of shape "
+            f"{tuple(x.shape)}, got {tuple(mask.shape)}"
+        ),
     )
     return x.new_empty(x.shape)
 
@@ -261,7 +269,12 @@ def _thd_to_bshd_setup(ctx, inputs, output):
 
 def _thd_to_bshd_backward(ctx, grad):
     (cu_seqlens,) = ctx.saved_tensors
-    return torch.ops.te_fast.convert_bshd_to_thd.default(grad, cu_seqlens, ctx.num_tokens), None, None, None
+    return (
+        torch.ops.te_fast.convert_bshd_to_thd.default(grad, cu_seqlens, ctx.num_tokens),
+        None,
+        None,
+        None,
+    )
 
 
 def _bshd_to_thd_setup(ctx, inputs, output):
@@ -283,7 +296,13 @@ _SOFTMAX_OPS = (
     ("scaled_softmax_fwd", "scaled_softmax_bwd", 4, _4D, 2),
     ("scaled_masked_softmax_fwd", "scaled_masked_softmax_bwd", 4, _4D, 3),
     ("scaled_upper_triang_masked_softmax_fwd", "scaled_upper_triang_masked_softmax_bwd", 3, _3D, 2),
-    ("scaled_aligned_causal_masked_softmax_fwd", "scaled_aligned_causal_masked_softmax_bwd", 4, _4D, 2),
+    (
+        "scaled_aligned_causal_masked_softmax_fwd",
+        "scaled_aligned_causal_masked_softmax_bwd",
+        4,
+        _4D,
+        2,
+    ),
 )
 
 

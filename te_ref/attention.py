@@ -7,7 +7,7 @@ import math
 import torch
 
 from te_ref.config import AttentionConfig, resolve
-from te_ref.ops import accumulate_dtype, convert_bshd_to_thd, convert_thd_to_bshd, masked_softmax
+from te_ref.ops import convert_bshd_to_thd, convert_thd_to_bshd, masked_softmax
 
 
 def default_alibi_slopes(num_heads: int) -> list[float]:
@@ -102,7 +102,8 @@ def dot_product_attention(
     """Attention output in the layout's output shape (SPEC §1), in compute_dtype.
 
     compute_dtype=float64 gives the golden answer; the input dtype gives the same-precision naive
-    composite (input-dtype matmuls, fp32 softmax) used by the error-ratio rule. With
+    composite (input-dtype matmuls and elementwise ops, torch.softmax with its fp32 accumulation)
+    used by the error-ratio rule. With
     return_max_logit the result is (out, max_logit [h] fp32).
     """
     q, k, v = query_layer, key_layer, value_layer
@@ -118,7 +119,7 @@ def dot_product_attention(
     )  # fmt: skip
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
-    cd, acc, dev = compute_dtype, accumulate_dtype(compute_dtype), q.device
+    cd, dev = compute_dtype, q.device
     b, sq, skv, h = cfg.b, cfg.sq, cfg.skv, cfg.h
     scale = cfg.dqk**-0.5 if softmax_scale is None else softmax_scale
     cu_kv = cu_seqlens_kv if cu_seqlens_kv is not None else cu_seqlens_q
@@ -148,23 +149,21 @@ def dot_product_attention(
         s = scores * scale + alibi_bias(cfg, alibi_slopes, lq, lkv, dev).to(cd)
     else:
         s = scores * scale
-    masked = build_mask(cfg, lq, lkv, attention_mask, dev)  # (b|1, h|1, sq, skv)
-    s = s.to(acc)  # (b, h, sq, skv)
+    masked = build_mask(cfg, lq, lkv, attention_mask, dev)  # (b, h|1, sq, skv)
 
     if cfg.softmax_type == "vanilla":
         p = masked_softmax(s, masked)  # (b, h, sq, skv)
     else:  # one extra logit joins the denominator: 0 (off-by-one) or softmax_offset[h]
         if cfg.softmax_type == "off-by-one":
-            sink = torch.zeros(1, h, 1, 1, dtype=acc, device=dev)
+            sink = torch.zeros(1, h, 1, 1, dtype=cd, device=dev)
         else:
-            sink = softmax_offset.to(acc).reshape(1, h, 1, 1)
+            sink = softmax_offset.to(cd).reshape(1, h, 1, 1)
         s_ext = torch.cat([s, sink.expand(b, h, sq, 1)], dim=-1)  # (b, h, sq, skv + 1)
         m_ext = torch.cat(
             [masked.expand(b, h, sq, skv), torch.zeros(b, h, sq, 1, dtype=torch.bool, device=dev)],
             dim=-1,
         )
         p = masked_softmax(s_ext, m_ext)[..., :skv]  # (b, h, sq, skv)
-    p = p.to(cd)
     if dropout_p > 0.0:
         p = torch.nn.functional.dropout(p, dropout_p, training=True)
 
@@ -176,8 +175,10 @@ def dot_product_attention(
         out = o.reshape(b, sq, h * dv)  # (b, sq, h*dv)
     else:
         t = cfg.num_tokens_q
-        out = convert_bshd_to_thd(o, cu_seqlens_q, t, compute_dtype=cd).reshape(t, h * dv)  # (t, h*dv)
+        out = convert_bshd_to_thd(o, cu_seqlens_q, t, compute_dtype=cd).reshape(
+            t, h * dv
+        )  # (t, h*dv)
     if not return_max_logit:
         return out
-    max_logit = s.masked_fill(masked, float("-inf")).amax(dim=(0, 2, 3)).float()  # (h,)
+    max_logit = s.float().masked_fill(masked, float("-inf")).amax(dim=(0, 2, 3))  # (h,)
     return out, max_logit

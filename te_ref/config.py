@@ -48,7 +48,9 @@ def _check_cu_seqlens(name: str, cu, b: int | None) -> int:
     if not isinstance(cu, torch.Tensor):
         raise _err(f"{name} must be an int32 tensor of shape [b + 1], got {type(cu).__name__}")
     if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 1:
-        raise _err(f"{name} must be an int32 tensor of shape [b + 1], got {cu.dtype} {tuple(cu.shape)}")
+        raise _err(
+            f"{name} must be an int32 tensor of shape [b + 1], got {cu.dtype} {tuple(cu.shape)}"
+        )
     if b is not None and cu.shape[0] != b + 1:
         raise _err(f"{name} must have shape [b + 1] = [{b + 1}], got {tuple(cu.shape)}")
     return cu.shape[0] - 1
@@ -196,7 +198,9 @@ def resolve(
             )
     elif attn_mask_type == "arbitrary":
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dtype != torch.bool:
-            raise _err("attn_mask_type='arbitrary' needs attention_mask: a bool tensor, True = masked")
+            raise _err(
+                "attn_mask_type='arbitrary' needs attention_mask: a bool tensor, True = masked"
+            )
         try:
             torch.broadcast_shapes(tuple(attention_mask.shape), (b, h, sq, skv))
         except RuntimeError:
@@ -227,7 +231,10 @@ def resolve(
         if softmax_type == "vanilla":
             raise _err("softmax_offset given with softmax_type='vanilla' (it would be ignored)")
         if tuple(softmax_offset.shape) not in ((h,), (1, h, 1, 1)):
-            raise _err(f"softmax_offset must have shape [{h}] or [1, {h}, 1, 1], got {tuple(softmax_offset.shape)}")
+            raise _err(
+                f"softmax_offset must have shape [{h}] or [1, {h}, 1, 1], "
+                f"got {tuple(softmax_offset.shape)}"
+            )
 
     window = _resolve_window(attn_mask_type, window_size)
     bottom_right = (
@@ -269,9 +276,15 @@ def _check_padding_mask(mask, b, sq, skv, attention_type):
             )
         pairs = (("q", mask, sq),)
     for name, m, s in pairs:
-        if not isinstance(m, torch.Tensor) or m.dtype != torch.bool or tuple(m.shape) != (b, 1, 1, s):
+        if (
+            not isinstance(m, torch.Tensor)
+            or m.dtype != torch.bool
+            or tuple(m.shape) != (b, 1, 1, s)
+        ):
             shape = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
-            raise _err(f"padding attention_mask ({name}) must be bool [{b}, 1, 1, {s}], got {shape}")
+            raise _err(
+                f"padding attention_mask ({name}) must be bool [{b}, 1, 1, {s}], got {shape}"
+            )
 
 
 def _check_bias(bias_type, bias, alibi_slopes, b, h, sq, skv):
@@ -295,6 +308,8 @@ def _check_bias(bias_type, bias, alibi_slopes, b, h, sq, skv):
         raise _err(f"core_attention_bias given with core_attention_bias_type={bias_type!r}")
     if bias_type == "alibi" and alibi_slopes is not None:
         if tuple(alibi_slopes.shape) not in ((h,), (b, h)):
-            raise _err(f"alibi_slopes must have shape [{h}] or [{b}, {h}], got {tuple(alibi_slopes.shape)}")
+            raise _err(
+                f"alibi_slopes must have shape [{h}] or [{b}, {h}], got {tuple(alibi_slopes.shape)}"
+            )
     elif alibi_slopes is not None and bias_type != "alibi":
         raise _err("alibi_slopes given without core_attention_bias_type='alibi'")

@@ -4,31 +4,25 @@ from __future__ import annotations
 
 import torch
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def accumulate_dtype(compute_dtype: torch.dtype) -> torch.dtype:
-    """Softmax accumulation dtype: fp32 for fp16/bf16 (the same-precision composite), else itself."""
-    return torch.float32 if compute_dtype in _LOW_PRECISION else compute_dtype
-
 
 def masked_softmax(scores: torch.Tensor, masked: torch.Tensor | None) -> torch.Tensor:
     """softmax over the last dim of the unmasked columns (masked: bool, True = masked out).
 
     Masked columns get exactly 0, and a row with every column masked (or -inf) is all 0.
+    Runs in scores.dtype through torch.softmax: exact in float64; for fp16/bf16 it accumulates in
+    fp32 and its backward uses the stored low-precision output, as any unfused implementation
+    that materialises the probabilities must (this is the same-precision composite of SPEC §6).
     """
     if masked is not None:
         scores = scores.masked_fill(masked, float("-inf"))
-    row_max = scores.amax(-1, keepdim=True).detach()  # the shift does not change the softmax
-    row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
-    e = torch.exp(scores - row_max)  # masked: exp(-inf) = 0
-    denom = e.sum(-1, keepdim=True)
-    return e / torch.where(denom > 0, denom, torch.ones_like(denom))  # empty row: 0 / 1
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # nothing to attend to
+    probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1)
+    return probs.masked_fill(dead, 0.0)
 
 
 def _softmax(x, scale, masked, compute_dtype):
-    s = x.to(accumulate_dtype(compute_dtype)) * scale  # (..., sq, sk)
-    return masked_softmax(s, masked).to(compute_dtype)
+    s = x.to(compute_dtype) * scale  # (..., sq, sk)
+    return masked_softmax(s, masked)
 
 
 def _causal_mask(sq: int, sk: int, offset: int, device) -> torch.Tensor:
@@ -63,7 +57,8 @@ def check_cu_seqlens(cu_seqlens, batch_size, num_tokens, max_len, what="max_seql
     """Host-side list of cu_seqlens after checking SPEC §3's rules; ValueError otherwise."""
     if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
         raise ValueError(
-            f"cu_seqlens must be a 1-D int32 tensor, got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
+            "cu_seqlens must be a 1-D int32 tensor, got "
+            f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
         )
     if cu_seqlens.shape[0] != batch_size + 1:
         raise ValueError(

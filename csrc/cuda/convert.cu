@@ -1,7 +1,8 @@
 // THD <-> BSHD token-row copies. Rows are copied in the widest unit (16/8/4/2/1 bytes) that the
 // row size and both pointers allow, so one kernel per direction serves every dtype, fp8 included.
 // Bad cu_seqlens never cause an out-of-bounds access: every read is guarded by the shared
-// te_fast_rules::sequence_ok rule, and the affected output rows are written as NaN (no host sync).
+// te_fast_rules::sequence_ok rule, and the affected sequences (all of the output when cu_seqlens
+// is not monotone) are written as NaN, a visible signal that costs no host sync.
 #include <cstring>
 
 #include "kernels.h"
@@ -13,12 +14,21 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 1 << 20;
 
+// Whole-array rule, checked by every block before it copies: overlapping sequences from a
+// non-monotone cu_seqlens would otherwise be copied without any sequence looking bad by itself.
+__device__ bool block_cu_seqlens_monotone(const int32_t* cu, int64_t batch) {
+  int bad = 0;
+  for (int64_t x = threadIdx.x; x < batch; x += blockDim.x) bad |= cu[x + 1] < cu[x];
+  return !__syncthreads_or(bad);
+}
+
 template <typename U>
 __global__ void __launch_bounds__(kThreads) thd_to_bshd_kernel(ConvertArgs a, int64_t units,
                                                                U nan_unit) {
   const U* src = static_cast<const U*>(a.src);
   U* dst = static_cast<U*>(a.dst);
   const int32_t* cu = a.cu_seqlens;
+  const bool monotone = block_cu_seqlens_monotone(cu, a.batch);
   const int64_t total = a.batch * a.seqlen * units;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -27,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) thd_to_bshd_kernel(ConvertArgs a, in
     const int64_t x = row / a.seqlen;
     const int64_t s = row - x * a.seqlen;
     U value{};
-    if (!te_fast_rules::sequence_ok(cu, x, a.tokens, a.seqlen)) {
+    if (!monotone || !te_fast_rules::sequence_ok(cu, x, a.tokens, a.seqlen)) {
       value = nan_unit;
     } else if (s < cu[x + 1] - cu[x]) {
       value = src[(cu[x] + s) * units + u];
@@ -43,7 +53,8 @@ __global__ void __launch_bounds__(kThreads) bshd_to_thd_kernel(ConvertArgs a, in
   U* dst = static_cast<U*>(a.dst);
   const int32_t* cu = a.cu_seqlens;
   const int64_t used = cu[a.batch];
-  const bool tokens_ok = cu[0] == 0 && used >= 0 && used <= a.tokens;
+  const bool tokens_ok =
+      block_cu_seqlens_monotone(cu, a.batch) && cu[0] == 0 && used >= 0 && used <= a.tokens;
   const int64_t total = a.tokens * units;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -6,6 +6,8 @@
 //  - longer rows, any length: one block per row. The forward makes one online (max, sum) pass
 //    and one write pass; the backward one dot-product pass and one write pass. No length cliff.
 // A row whose every column is masked (or -inf) is written as zeros.
+// Elements are computed in fp32; row sums are accumulated in double, as on the CPU: with fp32
+// inputs an fp32 sum would dominate the error, and these kernels are memory-bound.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -38,7 +40,7 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+__device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -74,18 +76,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) softmax_fwd_warp(Softm
       mx = fmaxf(mx, v[k]);
     }
     mx = warp_max(mx);
-    float sum = 0.f;
+    double sum = 0.0;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       v[k] = v[k] == -INFINITY ? 0.f : expf(v[k] - mx);
       sum += v[k];
     }
     sum = warp_sum(sum);
+    const double inv = sum == 0.0 ? 0.0 : 1.0 / sum;  // fully masked row -> 0
     T* y = static_cast<T*>(a.y) + row * a.sk;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int64_t j = lane + k * kWarp;
-      if (j < a.sk) store(y + j, sum == 0.f ? 0.f : v[k] / sum);
+      if (j < a.sk) store(y + j, static_cast<float>(v[k] * inv));
     }
   }
 }
@@ -100,15 +103,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) softmax_bwd_warp(Softm
     const T* y = static_cast<const T*>(a.y) + row * a.sk;
     float g[N];
     float p[N];
-    float dot = 0.f;
+    double acc = 0.0;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int64_t j = lane + k * kWarp;
       g[k] = j < a.sk ? load(dy + j) : 0.f;
       p[k] = j < a.sk ? load(y + j) : 0.f;
-      dot += g[k] * p[k];
+      acc += g[k] * p[k];
     }
-    dot = warp_sum(dot);
+    const float dot = static_cast<float>(warp_sum(acc));
     T* dx = static_cast<T*>(a.dx) + row * a.sk;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -121,15 +124,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) softmax_bwd_warp(Softm
 // ---------------------------------------------------------------- block per row (any length)
 
 struct MaxSum {
-  float m;  // running max
-  float s;  // sum of exp(v - m)
+  float m;   // running max
+  double s;  // sum of exp(v - m)
 };
 
 // NaN inputs take the "new max" branch and poison both fields, as they would a plain softmax.
 __device__ __forceinline__ void online_add(MaxSum& t, float v) {
   if (v == -INFINITY) return;
   if (!(v <= t.m)) {
-    t.s = t.s * expf(t.m - v) + 1.f;
+    t.s = t.s * expf(t.m - v) + 1.0;
     t.m = v;
   } else {
     t.s += expf(v - t.m);
@@ -159,7 +162,7 @@ __device__ MaxSum block_merge(MaxSum t, MaxSum* smem) {
   if (lane == 0) smem[warp] = t;
   __syncthreads();
   if (warp == 0) {
-    t = lane < static_cast<int>(blockDim.x / kWarp) ? smem[lane] : MaxSum{-INFINITY, 0.f};
+    t = lane < static_cast<int>(blockDim.x / kWarp) ? smem[lane] : MaxSum{-INFINITY, 0.0};
     t = warp_merge(t);
     if (lane == 0) smem[kWarp] = t;
   }
@@ -169,14 +172,14 @@ __device__ MaxSum block_merge(MaxSum t, MaxSum* smem) {
   return t;
 }
 
-__device__ float block_sum(float v, float* smem) {
+__device__ double block_sum(double v, double* smem) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   v = warp_sum(v);
   if (lane == 0) smem[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = lane < static_cast<int>(blockDim.x / kWarp) ? smem[lane] : 0.f;
+    v = lane < static_cast<int>(blockDim.x / kWarp) ? smem[lane] : 0.0;
     v = warp_sum(v);
     if (lane == 0) smem[kWarp] = v;
   }
@@ -194,17 +197,18 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
     const int64_t limit = kept_prefix(a.mode, i, a.sq, a.sk);
     const bool* m = mask_row(a, row, i);
     const T* x = static_cast<const T*>(a.x) + row * a.sk;
-    MaxSum t{-INFINITY, 0.f};
+    MaxSum t{-INFINITY, 0.0};
     for (int64_t j = threadIdx.x; j < limit; j += blockDim.x) {
       if (m == nullptr || !m[j]) online_add(t, load(x + j) * a.scale);
     }
     t = block_merge(t, smem);
+    const double inv = t.s == 0.0 ? 0.0 : 1.0 / t.s;  // fully masked row -> 0
     T* y = static_cast<T*>(a.y) + row * a.sk;
     for (int64_t j = threadIdx.x; j < a.sk; j += blockDim.x) {
       float out = 0.f;
-      if (t.s != 0.f && kept(m, j, limit)) {
+      if (kept(m, j, limit)) {
         const float v = load(x + j) * a.scale;
-        out = v == -INFINITY ? 0.f : expf(v - t.m) / t.s;
+        out = v == -INFINITY ? 0.f : static_cast<float>(expf(v - t.m) * inv);
       }
       store(y + j, out);
     }
@@ -213,13 +217,13 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
 
 template <typename T>
 __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArgs a) {
-  __shared__ float smem[kWarp + 1];
+  __shared__ double smem[kWarp + 1];
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const T* dy = static_cast<const T*>(a.dy) + row * a.sk;
     const T* y = static_cast<const T*>(a.y) + row * a.sk;
-    float dot = 0.f;
-    for (int64_t j = threadIdx.x; j < a.sk; j += blockDim.x) dot += load(dy + j) * load(y + j);
-    dot = block_sum(dot, smem);
+    double acc = 0.0;
+    for (int64_t j = threadIdx.x; j < a.sk; j += blockDim.x) acc += load(dy + j) * load(y + j);
+    const float dot = static_cast<float>(block_sum(acc, smem));
     T* dx = static_cast<T*>(a.dx) + row * a.sk;
     for (int64_t j = threadIdx.x; j < a.sk; j += blockDim.x) {
       store(dx + j, a.scale * load(y + j) * (load(dy + j) - dot));

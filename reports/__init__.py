@@ -1,0 +1,1 @@
+"""Conformance reports: a pytest plugin, the report JSON, rendering, baseline comparison."""

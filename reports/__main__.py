@@ -1,0 +1,338 @@
+"""Command line: python -m reports run | compare | merge | render."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from reports import env
+from reports.compare import (
+    CATEGORIES,
+    DEFAULT_FACTOR,
+    DEFAULT_MIN_RATIO,
+    Comparison,
+    compare,
+    format_comparison,
+)
+from reports.merge import inconsistencies, merge_reports
+from reports.model import ReportError, failures, load_report, write_report
+from reports.render import render, summary_line
+
+BASELINE_DIR = Path("reports/baseline")
+
+EPILOG = """\
+examples:
+  python -m reports run suites/                  run the suites (-n auto), render, gate
+  python -m reports run -- -k bf16 -x            everything after -- goes to pytest
+  python -m reports run --update-baseline        run and make this run the baseline
+  python -m reports compare new.json reports/baseline/h100.json
+  python -m reports merge s1.json s2.json s3.json -o merged.json
+  python -m reports render reports/latest/report.json
+
+exit codes: 0 pass; 1 failing cases or regressions against the baseline;
+            2 missing/corrupt baseline or unreadable report; other: pytest's own exit code.
+"""
+
+
+def _float_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ratio-factor",
+        type=float,
+        default=DEFAULT_FACTOR,
+        metavar="F",
+        help="a passing case regresses when its worst ratio grows more than F "
+        f"times (default {DEFAULT_FACTOR})",
+    )
+    p.add_argument(
+        "--min-ratio",
+        type=float,
+        default=DEFAULT_MIN_RATIO,
+        metavar="X",
+        help="ignore ratio changes while the ratio stays below X, where they are "
+        f"noise (default {DEFAULT_MIN_RATIO})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser with its four subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="python -m reports",
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+        description="Run the conformance suites, write report.json/.md/.html, and gate a "
+        "release on a baseline of the same machine class.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        allow_abbrev=False,
+        help="run pytest, render the report, compare with the baseline",
+        description="Run pytest (with -n auto unless you pass -n or -p no:xdist) and the report "
+        "plugin; unknown arguments and everything after -- go to pytest.",
+    )
+    run.add_argument(
+        "--out",
+        default="reports/latest",
+        metavar="DIR",
+        help="output directory (default: reports/latest)",
+    )
+    run.add_argument(
+        "--baseline",
+        metavar="PATH",
+        help="baseline report (default: reports/baseline/<machine class>.json)",
+    )
+    run.add_argument(
+        "--machine-class",
+        metavar="NAME",
+        help="machine class (default: 'cpu' or the first GPU, e.g. 'h100')",
+    )
+    run.add_argument(
+        "--update-baseline",
+        action="store_true",
+        help="write this run's report as the baseline afterwards",
+    )
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="with --update-baseline: update even though cases failed",
+    )
+    run.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="do not compare with a baseline (the gate is the test outcomes alone)",
+    )
+    _float_opts(run)
+    run.set_defaults(func=cmd_run)
+
+    cmp = sub.add_parser(
+        "compare",
+        allow_abbrev=False,
+        help="compare a report with a baseline",
+        description="Exit 0 without regressions, 1 with, 2 on unreadable input.",
+    )
+    cmp.add_argument("new", metavar="NEW", help="the new report.json")
+    cmp.add_argument("baseline", metavar="BASELINE", help="the baseline report")
+    _float_opts(cmp)
+    cmp.add_argument(
+        "--update-baseline",
+        action="store_true",
+        help="after comparing, copy NEW over BASELINE (accepting its changes)",
+    )
+    cmp.add_argument(
+        "--force",
+        action="store_true",
+        help="with --update-baseline: update even though NEW has failing cases",
+    )
+    cmp.set_defaults(func=cmd_compare)
+
+    mrg = sub.add_parser(
+        "merge",
+        allow_abbrev=False,
+        help="merge shard reports into one",
+        description="Union of the cases of shard reports (from --te-shard i/n).",
+    )
+    mrg.add_argument("reports", nargs="+", metavar="REPORT", help="shard report.json files")
+    mrg.add_argument("-o", "--output", required=True, metavar="PATH", help="merged report")
+    mrg.set_defaults(func=cmd_merge)
+
+    rnd = sub.add_parser(
+        "render",
+        allow_abbrev=False,
+        help="write report.md and report.html",
+        description="Render a report.json as report.md and report.html.",
+    )
+    rnd.add_argument("report", metavar="REPORT", help="a report.json")
+    rnd.add_argument("--out", metavar="DIR", help="output directory (default: the report's)")
+    rnd.set_defaults(func=cmd_render)
+    return parser
+
+
+def _accept_command(new: Path, baseline: Path) -> str:
+    return shlex.join(
+        ["python", "-m", "reports", "compare", str(new), str(baseline), "--update-baseline"]
+    )
+
+
+def _update_baseline(report: dict, baseline: Path, force: bool) -> bool:
+    failing = len(failures(report))
+    if failing and not force:
+        print(
+            f"refusing to update the baseline {baseline}: {failing} case(s) failed "
+            "(fix them, or pass --force to record them as the baseline)"
+        )
+        return False
+    write_report(report, baseline)
+    print(f"baseline updated: {baseline} ({len(report['cases'])} cases)")
+    return True
+
+
+def _workers_chosen(args: list[str]) -> bool:
+    """Whether the pytest arguments already say how to use xdist."""
+    for i, a in enumerate(args):
+        if a in ("-n", "--numprocesses") or a.startswith("--numprocesses="):
+            return True
+        if a.startswith("-n") and not a.startswith("--"):
+            return True
+        if a == "-pno:xdist" or (a == "-p" and args[i + 1 : i + 2] == ["no:xdist"]):
+            return True
+    return False
+
+
+def _compare_with_baseline(
+    report: dict, report_path: Path, baseline: Path, args: argparse.Namespace
+) -> tuple[Comparison | None, str | None]:
+    """(the comparison, None) or (None, why there is none and what to do about it)."""
+    if args.no_compare:
+        return None, "comparison skipped (--no-compare)"
+    if not baseline.exists():
+        if args.update_baseline:
+            return None, f"no baseline at {baseline} yet: this run becomes it"
+        return None, (
+            f"no baseline at {baseline}; create it from a good run with:\n"
+            f"  python -m reports run --baseline {baseline} --update-baseline ...\n"
+            f"  (or: {_accept_command(report_path, baseline)})"
+        )
+    try:
+        base = load_report(baseline)
+    except ReportError as e:
+        return None, f"error: unusable baseline: {e}"
+    return compare(report, base, args.ratio_factor, args.min_ratio), None
+
+
+def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
+    """Run pytest with the plugin, render, compare with the baseline, print the verdict."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = args.machine_class or env.machine_class()
+    baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{machine}.json"
+    report_path, junit = out / "report.json", out / "junit.xml"
+    report_path.unlink(missing_ok=True)  # a stale report must not stand in for this run's
+
+    cmd = [sys.executable, "-m", "pytest", "-p", "reports.plugin"]
+    if not _workers_chosen(pytest_args) and importlib.util.find_spec("xdist"):
+        cmd += ["-n", "auto"]
+    cmd += [
+        "--te-report",
+        str(report_path),
+        "--junitxml",
+        str(junit),
+        "--te-machine-class",
+        machine,
+        *pytest_args,
+    ]
+    print("+ " + shlex.join(cmd), flush=True)
+    rc = subprocess.call(cmd)
+    if not report_path.exists():
+        print(f"error: pytest exited with code {rc} without writing {report_path}", file=sys.stderr)
+        return rc or 2
+    report = load_report(report_path)
+
+    result, base_problem = _compare_with_baseline(report, report_path, baseline, args)
+    text = format_comparison(result, str(report_path), str(baseline)) if result else base_problem
+    md, page = render(report, out, text)
+
+    print()
+    if result:
+        print(text)
+        if result.news and not args.update_baseline and not failures(report):
+            print(
+                f"to accept this run as the new baseline:\n  "
+                f"{_accept_command(report_path, baseline)}"
+            )
+    updated = args.update_baseline and _update_baseline(report, baseline, args.force)
+
+    failing = len(failures(report))
+    regressed = bool(result and result.regressions and not updated)
+    refused = args.update_baseline and not updated
+    no_gate = bool(base_problem) and not args.no_compare and not updated
+    reasons = [
+        msg
+        for cond, msg in (
+            (failing, f"{failing} failing case(s)"),
+            (rc != 0 and not (rc == 1 and failing), f"pytest exited with code {rc}"),
+            (regressed, f"{result.regressions if result else 0} regression(s) against {baseline}"),
+            (refused, "baseline not updated"),
+            (no_gate, "no usable baseline to compare with"),
+        )
+        if cond
+    ]
+
+    print("\n" + "=" * 30 + " TE conformance verdict " + "=" * 30)
+    print("FAIL" if reasons else "PASS")
+    print(f"  {summary_line(report)}")
+    for reason in reasons:
+        print(f"  - {reason}")
+    for name, (title, gate) in CATEGORIES.items() if regressed else ():
+        for nodeid, detail in result.items[name][:10] if gate else ():
+            print(f"  REGRESSED ({title.split(' (')[0]}) {nodeid}: {detail}")
+    if base_problem and not updated:
+        print(base_problem)
+    for label, path in (("report", md), ("html", page), ("junit", junit), ("json", report_path)):
+        print(f"{label + ':':8}{path}")
+
+    if failing or regressed or refused or rc == 1:
+        return 1
+    if rc != 0:
+        return rc
+    return 2 if no_gate else 0
+
+
+def cmd_compare(args: argparse.Namespace, _: list[str]) -> int:
+    """Compare NEW with BASELINE; optionally make NEW the baseline."""
+    new = load_report(args.new)
+    baseline = Path(args.baseline)
+    if args.update_baseline and not baseline.exists():
+        return 0 if _update_baseline(new, baseline, args.force) else 1
+    result = compare(new, load_report(baseline), args.ratio_factor, args.min_ratio)
+    print(format_comparison(result, args.new, args.baseline))
+    if args.update_baseline:
+        return 0 if _update_baseline(new, baseline, args.force) else 1
+    if result.news and not failures(new):
+        print(f"to accept NEW as the baseline:\n  {_accept_command(Path(args.new), baseline)}")
+    return 1 if result.regressions else 0
+
+
+def cmd_merge(args: argparse.Namespace, _: list[str]) -> int:
+    """Merge shard reports into one."""
+    merged = merge_reports([(path, load_report(path)) for path in args.reports])
+    for warning in inconsistencies(merged):
+        print(f"warning: {warning}", file=sys.stderr)
+    write_report(merged, args.output)
+    print(f"{args.output}: {summary_line(merged)}")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace, _: list[str]) -> int:
+    """Render report.md and report.html."""
+    report = load_report(args.report)
+    md, page = render(report, args.out or Path(args.report).parent)
+    print(f"{md}\n{page}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # split before argparse, which would otherwise eat or reorder it
+        i = argv.index("--")
+        argv, passthrough = argv[:i], argv[i + 1 :]
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command != "run" and (unknown or passthrough):
+        parser.error(f"unrecognized arguments: {' '.join(unknown + passthrough)}")
+    try:
+        return args.func(args, unknown + passthrough)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

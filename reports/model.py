@@ -1,0 +1,156 @@
+"""The report JSON: building, loading with validation, and helpers over its cases."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "te-conformance-report"
+SCHEMA_VERSION = 1
+OUTCOMES = ("passed", "failed", "skipped", "error", "xfailed", "xpassed")
+FAILING = ("failed", "error")
+
+
+class ReportError(Exception):
+    """A report file that is missing, unreadable or not a te-conformance report."""
+
+
+def to_float(value: Any) -> float | None:
+    """A ratio/error as float: non-finite values arrive as strings ('inf', 'nan')."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def summarize(cases: list[dict], duration_s: float | None = None) -> dict:
+    """Counts per outcome (every outcome present, zeros included), total and wall time."""
+    counts = Counter(c["outcome"] for c in cases)
+    summary: dict = {o: counts.get(o, 0) for o in OUTCOMES}
+    summary["total"] = len(cases)
+    summary["duration_s"] = duration_s
+    return summary
+
+
+def build_report(cases: list[dict], environment: dict, duration_s: float | None = None) -> dict:
+    """A complete report dict (cases sorted by nodeid, summary computed)."""
+    cases = sorted(cases, key=lambda c: c["nodeid"])
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "environment": environment,
+        "summary": summarize(cases, duration_s),
+        "cases": cases,
+    }
+
+
+def validate(data: Any, source: str) -> dict:
+    """Return data if it is a report, else raise ReportError naming source and the problem."""
+
+    def bad(what: str) -> ReportError:
+        return ReportError(f"{source}: {what}")
+
+    if not isinstance(data, dict):
+        raise bad(f"expected a JSON object, got {type(data).__name__}")
+    if data.get("schema") != SCHEMA:
+        raise bad(
+            f"not a te-conformance report (schema is {data.get('schema')!r}, expected {SCHEMA!r})"
+        )
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise bad(
+            f"unsupported schema_version {data.get('schema_version')!r} "
+            f"(this tool reads version {SCHEMA_VERSION})"
+        )
+    for key, kind in (("environment", dict), ("summary", dict), ("cases", list)):
+        if not isinstance(data.get(key), kind):
+            raise bad(f"'{key}' is missing or not a {'list' if kind is list else 'object'}")
+    for i, case in enumerate(data["cases"]):
+        if not isinstance(case, dict) or not isinstance(case.get("nodeid"), str):
+            raise bad(f"cases[{i}] has no 'nodeid'")
+        if case.get("outcome") not in OUTCOMES:
+            raise bad(f"cases[{i}] ({case['nodeid']}) has unknown outcome {case.get('outcome')!r}")
+        if not isinstance(case.get("tensors", []), list):
+            raise bad(f"cases[{i}] ({case['nodeid']}) 'tensors' is not a list")
+    return data
+
+
+def load_report(path: str | Path) -> dict:
+    """Read and validate a report JSON file (ReportError with a one-line reason otherwise)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ReportError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}: not valid JSON ({e})") from None
+    return validate(data, str(path))
+
+
+def write_report(report: dict, path: str | Path) -> None:
+    """Write pretty, key-sorted JSON (stable diffs for committed baselines)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(report, indent=1, sort_keys=True, allow_nan=False)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    tmp.replace(path)  # a reader never sees half a file
+
+
+def ratio_of(tensor: dict) -> float | None:
+    """A tensor entry's ratio; nan counts as inf (a nan comparison is a failure)."""
+    r = to_float(tensor.get("ratio"))
+    return math.inf if r is not None and math.isnan(r) else r
+
+
+def worst_tensor(case: dict) -> dict | None:
+    """The compared tensor with the largest ratio, or None if the case compared none."""
+    rated = [t for t in case.get("tensors") or [] if ratio_of(t) is not None]
+    return max(rated, key=ratio_of) if rated else None
+
+
+def worst_ratio(case: dict) -> float | None:
+    """The largest ratio among the case's tensors (None when nothing was compared)."""
+    t = worst_tensor(case)
+    return None if t is None else ratio_of(t)
+
+
+def field(case: dict, name: str) -> str:
+    """A case field as display text; missing values group as "-"."""
+    value = (case.get("fields") or {}).get(name)
+    if value is None or value == "":
+        return "-"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def bucket(outcome: str) -> str:
+    """pass / fail / skip, the three columns of the summary tables."""
+    if outcome in FAILING:
+        return "fail"
+    return "skip" if outcome in ("skipped", "xfailed") else "pass"
+
+
+def failures(report: dict) -> list[dict]:
+    """Cases that failed or errored."""
+    return [c for c in report["cases"] if c["outcome"] in FAILING]
+
+
+def fmt_ratio(value: float | None) -> str:
+    """A ratio for tables: 3 significant digits, '-' when absent."""
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if math.isfinite(value) else repr(float(value))
+
+
+def fmt_num(value: Any) -> str:
+    """An error/bound for tables."""
+    v = to_float(value)
+    return "-" if v is None else f"{v:.3g}"

@@ -1,0 +1,269 @@
+"""pytest plugin: per-test conformance records, deterministic sharding, the JSON report."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from reports import env, record
+from reports.model import build_report, write_report
+
+MAX_LONGREPR = 4000
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("te-conformance", "conformance report (reports.plugin)")
+    group.addoption(
+        "--te-report",
+        metavar="PATH",
+        default=None,
+        help="write the JSON conformance report to PATH at session end",
+    )
+    group.addoption(
+        "--te-shard",
+        metavar="i/n",
+        default=None,
+        help="run only shard i of n (1-based); shards 1..n together run every test exactly once",
+    )
+    group.addoption(
+        "--te-machine-class",
+        metavar="NAME",
+        default=None,
+        help="machine class recorded in the report (default: detected with nvidia-smi)",
+    )
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'i/n' -> (i, n), or a UsageError saying what a valid shard looks like."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not m or not 1 <= int(m[1]) <= int(m[2]):
+        raise pytest.UsageError(
+            f"--te-shard={text!r}: expected i/n with 1 <= i <= n (1-based), e.g. --te-shard=2/4"
+        )
+    return int(m[1]), int(m[2])
+
+
+def in_shard(nodeid: str, i: int, n: int) -> bool:
+    """Whether nodeid belongs to shard i of n (stable across processes and machines)."""
+    return zlib.crc32(nodeid.encode()) % n == i - 1
+
+
+def pytest_configure(config):
+    shard = config.getoption("te_shard")
+    if shard is not None:
+        parse_shard(shard)
+    path = config.getoption("te_report")
+    # Under xdist only the controller writes: it sees every worker's reports.
+    if path and not hasattr(config, "workerinput"):
+        path = Path(config.invocation_params.dir, path)
+        config.pluginmanager.register(ReportWriter(config, path), "te-conformance-writer")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    shard = config.getoption("te_shard")
+    if shard is None:
+        return
+    i, n = parse_shard(shard)
+    keep = [item for item in items if in_shard(item.nodeid, i, n)]
+    dropped = [item for item in items if not in_shard(item.nodeid, i, n)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def pytest_report_header(config):
+    lines = []
+    if config.getoption("te_shard"):
+        lines.append(f"te-shard: {config.getoption('te_shard')}")
+    if config.getoption("te_report"):
+        lines.append(f"te-report: {config.getoption('te_report')}")
+    return lines
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    record.set_current_item(item)
+    try:
+        return (yield)
+    finally:
+        record.set_current_item(None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    try:
+        return (yield)
+    finally:
+        # After the fixtures: a session fixture may be what pins this worker to its GPU.
+        item.user_properties.append(
+            (
+                record.PROPERTY_KEY,
+                {
+                    "kind": "env",
+                    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+                },
+            )
+        )
+
+
+def case_id(nodeid: str) -> str:
+    """The parametrization id of a nodeid ('...::test_fwd[bf16-causal]' -> 'bf16-causal')."""
+    name = nodeid.rsplit("::", 1)[-1]
+    m = re.search(r"\[(.*)\]$", name)
+    return m.group(1) if m else name
+
+
+def _phase_outcome(report) -> str | None:
+    """What one phase report says about the test (None: nothing, e.g. a passing setup)."""
+    xfail = hasattr(report, "wasxfail")
+    if report.when == "call":
+        if xfail:
+            return "xfailed" if report.skipped else "xpassed" if report.passed else "failed"
+        return report.outcome
+    if report.when in ("setup", "teardown", "collect"):
+        if report.failed:
+            return "error"
+        if report.skipped:
+            return "xfailed" if xfail else "skipped"
+        return None
+    return "failed"  # xdist's report for the test its worker crashed on (when == "???")
+
+
+_RANK = {None: 0, "passed": 1, "skipped": 2, "xfailed": 2, "xpassed": 2, "failed": 3, "error": 4}
+
+
+def _crash_message(report, text: str) -> str:
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    if getattr(crash, "message", None):
+        return crash.message
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    errors = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
+    return (errors or lines or [""])[-1 if errors else 0].strip()
+
+
+def truncate(text: str, limit: int = MAX_LONGREPR) -> str:
+    """Keep the head and (mostly) the tail, where the assertion message is."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit // 4, limit - limit // 4
+    return f"{text[:head]}\n... [{len(text) - limit} chars truncated] ...\n{text[-tail:]}"
+
+
+class ReportWriter:
+    """Collects phase reports on the controller and writes the JSON report at session end."""
+
+    def __init__(self, config, path: Path):
+        self.config, self.path = config, path
+        self.tests: dict[str, dict] = {}
+        self.start = time.time()
+        self.environment: dict = {}
+
+    def pytest_sessionstart(self, session):
+        self.start = time.time()
+        self.environment = env.environment(
+            self.config.rootpath,
+            list(self.config.invocation_params.args),
+            self.config.getoption("te_shard"),
+            self.config.getoption("te_machine_class"),
+        )
+
+    def _add(self, report) -> None:
+        t = self.tests.setdefault(
+            report.nodeid,
+            {
+                "outcome": None,
+                "duration": 0.0,
+                "texts": [],
+                "message": None,
+                "skip_reason": None,
+                "props": [],
+                "worker": None,
+            },
+        )
+        outcome = _phase_outcome(report)
+        if _RANK[outcome] > _RANK[t["outcome"]]:
+            t["outcome"] = outcome
+        t["duration"] += getattr(report, "duration", 0.0) or 0.0
+        # user_properties only grow during a test, so the longest list holds everything.
+        props = list(getattr(report, "user_properties", None) or [])
+        if len(props) >= len(t["props"]):
+            t["props"] = props
+        gateway = getattr(getattr(report, "node", None), "gateway", None)
+        t["worker"] = getattr(gateway, "id", None) or t["worker"]
+        if report.failed:
+            text = report.longreprtext
+            if gateway is not None and text.startswith(f"[{gateway.id}] "):
+                text = text.partition("\n")[2]  # xdist's "[gw0] linux -- Python ..." line
+            text = text.strip("\n")
+            t["message"] = t["message"] or _crash_message(report, text)
+            t["texts"].append(f"[{report.when}] {text}" if t["texts"] else text)
+        elif report.skipped:
+            if hasattr(report, "wasxfail"):
+                t["skip_reason"] = report.wasxfail or "xfail"
+            elif isinstance(report.longrepr, (tuple, list)) and len(report.longrepr) == 3:
+                t["skip_reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
+
+    def pytest_runtest_logreport(self, report):
+        self._add(report)
+
+    def pytest_collectreport(self, report):
+        # A module that fails to import (or skips itself) has no test reports: record it so
+        # the lost cases are visible instead of silently absent.
+        if report.failed or report.skipped:
+            self._add(report)
+
+    @staticmethod
+    def _case(nodeid: str, t: dict) -> dict:
+        fields: dict = {}
+        tensors: list = []
+        counters: dict = {}
+        environ: dict = {}
+        for entry in t["props"]:
+            if len(entry) != 2 or entry[0] != record.PROPERTY_KEY or not isinstance(entry[1], dict):
+                continue
+            payload = {k: v for k, v in entry[1].items() if k != "kind"}
+            kind = entry[1].get("kind")
+            if kind == "case":
+                fields.update(payload)
+            elif kind == "tensor":
+                tensors.append(payload)
+            elif kind == "env":
+                environ.update(payload)
+            elif kind == "counters":
+                # Several calls (e.g. forward, then backward) add up.
+                for k, v in payload.items():
+                    old = counters.get(k, 0)
+                    both_num = all(
+                        isinstance(x, (int, float)) and not isinstance(x, bool) for x in (old, v)
+                    )
+                    counters[k] = old + v if both_num else v
+        texts = t["texts"]
+        return record._plain(
+            {
+                "nodeid": nodeid or "<collection>",
+                "id": case_id(nodeid),
+                "outcome": t["outcome"] or "error",
+                "fields": fields,
+                "tensors": tensors,
+                "counters": counters,
+                "duration_s": round(t["duration"], 4),
+                "message": t["message"],
+                "longrepr": truncate("\n".join(texts)) if texts else None,
+                "skip_reason": t["skip_reason"],
+                "worker": t["worker"] or environ.get("worker"),
+                "cuda_visible_devices": environ.get("cuda_visible_devices"),
+            }
+        )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        cases = [self._case(nodeid, t) for nodeid, t in self.tests.items()]
+        report = build_report(cases, self.environment, round(time.time() - self.start, 3))
+        write_report(report, self.path)

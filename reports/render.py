@@ -1,0 +1,484 @@
+"""Render a report as report.md and a self-contained report.html (tables and plots)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from reports.model import (
+    FAILING,
+    OUTCOMES,
+    bucket,
+    field,
+    fmt_num,
+    fmt_ratio,
+    ratio_of,
+    to_float,
+    worst_ratio,
+    worst_tensor,
+)
+
+WORST_N = 20
+TRACEBACKS_N = 50  # failures beyond this show only their message
+COUNTER_KEYS = ("graph_breaks", "cudagraph_skips", "recompiles")
+HIST_FLOOR = -6.0
+
+
+@dataclass
+class Table:
+    """A titled table with an optional note; rendered to Markdown or HTML."""
+
+    title: str
+    header: list[str]
+    rows: list[list]
+    note: str = ""
+
+
+def short_name(nodeid: str) -> str:
+    """The test's name with its parameters: 'suites/x.py::T::test_fwd[bf16]' -> 'test_fwd[bf16]'."""
+    return nodeid.rsplit("::", 1)[-1]
+
+
+def outcome_counts(summary: dict) -> str:
+    """'1 failed, 4 passed, ...' in a fixed order, zeros left out."""
+    parts = [f"{summary.get(o, 0)} {o}" for o in OUTCOMES if summary.get(o)]
+    return ", ".join(parts) or "no cases"
+
+
+def worst_case(report: dict) -> dict | None:
+    """The case with the largest ratio of the run."""
+    rated = [c for c in report["cases"] if worst_ratio(c) is not None]
+    return max(rated, key=worst_ratio) if rated else None
+
+
+def summary_line(report: dict) -> str:
+    """Counts, wall time and the worst ratio in one line."""
+    s = report["summary"]
+    failed = sum(s.get(o, 0) for o in FAILING)
+    dur = to_float(s.get("duration_s"))
+    worst = ""
+    case = worst_case(report)
+    if case:
+        t = worst_tensor(case)
+        worst = (
+            f"; worst ratio {fmt_ratio(to_float(t.get('ratio')))} "
+            f"({short_name(case['nodeid'])}, {t.get('name', '?')})"
+        )
+    took = f" in {dur:.1f} s" if dur is not None else ""
+    return (
+        f"Tests {'FAIL' if failed else 'PASS'}: {outcome_counts(s)} "
+        f"of {s.get('total', len(report['cases']))} cases{took}{worst}"
+    )
+
+
+def _environment_rows(env: dict) -> list[list]:
+    gpus = Counter(f"{g.get('name')} (driver {g.get('driver')})" for g in env.get("gpus") or [])
+    rows = [
+        ["machine class", env.get("machine_class")],
+        ["GPUs", ", ".join(f"{n} x {g}" for g, n in gpus.items()) or "none (CPU)"],
+        ["torch", f"{env.get('torch') or '-'} (CUDA {env.get('torch_cuda') or '-'})"],
+        ["python", env.get("python")],
+        ["platform", env.get("platform")],
+        ["hostname", env.get("hostname")],
+        ["git commit", env.get("git_commit") or "-"],
+        ["date (UTC)", env.get("date_utc")],
+        ["pytest args", " ".join(env.get("pytest_args") or [])],
+        ["shard", env.get("shard") or "-"],
+    ]
+    for s in env.get("shards") or []:
+        rows.append(
+            [
+                f"merged shard {s.get('shard') or '-'}",
+                f"{s.get('source')}: {s.get('cases')} cases on {s.get('hostname')}, "
+                f"{s.get('date_utc')}",
+            ]
+        )
+    return [[k, "-" if v is None else v] for k, v in rows]
+
+
+def _grouped(cases: list[dict], key) -> list[list]:
+    """Rows of [*key, cases, pass, fail, skip, worst ratio] grouped by key(case)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for c in cases:
+        groups[key(c)].append(c)
+    rows = []
+    for k in sorted(groups, key=lambda k: tuple(str(x) for x in k)):
+        members = groups[k]
+        n = Counter(bucket(c["outcome"]) for c in members)
+        rated = [c for c in members if worst_ratio(c) is not None]
+        worst = worst_tensor(max(rated, key=worst_ratio)) if rated else {}
+        rows.append(
+            [
+                *k,
+                len(members),
+                n["pass"],
+                n["fail"],
+                n["skip"],
+                fmt_ratio(to_float(worst.get("ratio"))),
+            ]
+        )
+    return rows
+
+
+def tables(report: dict) -> list[Table]:
+    """Every table of the report, in order; empty sections are left out."""
+    cases = report["cases"]
+    out = [Table("Environment", ["", ""], _environment_rows(report["environment"]))]
+    counts = ["cases", "pass", "fail", "skip", "worst ratio"]
+    out.append(
+        Table(
+            "Results by layout x dtype x impl",
+            ["layout", "dtype", "impl", *counts],
+            _grouped(cases, lambda c: (field(c, "layout"), field(c, "dtype"), field(c, "impl"))),
+            "ratio = max_abs_err / bound per compared tensor; <= 1 passes. "
+            "fail counts failed + error, skip counts skipped + xfailed.",
+        )
+    )
+    rated = sorted(
+        (c for c in cases if worst_ratio(c) is not None),
+        key=lambda c: (-worst_ratio(c), c["nodeid"]),
+    )
+    worst_rows = []
+    for i, c in enumerate(rated[:WORST_N], 1):
+        t = worst_tensor(c)
+        worst_rows.append(
+            [
+                i,
+                short_name(c["nodeid"]),
+                field(c, "impl"),
+                t.get("name", "?"),
+                fmt_num(t.get("max_abs_err")),
+                fmt_num(t.get("bound")),
+                fmt_ratio(to_float(t.get("ratio"))),
+                c["outcome"],
+            ]
+        )
+    if worst_rows:
+        out.append(
+            Table(
+                f"Worst {len(worst_rows)} cases by ratio",
+                ["#", "case", "impl", "tensor", "max_abs_err", "bound", "ratio", "outcome"],
+                worst_rows,
+            )
+        )
+    reasons = Counter(
+        ("xfail: " if c["outcome"] == "xfailed" else "") + (c.get("skip_reason") or "-")
+        for c in cases
+        if c["outcome"] in ("skipped", "xfailed")
+    )
+    if reasons:
+        out.append(
+            Table("Skip reasons", ["reason", "cases"], [[r, n] for r, n in reasons.most_common()])
+        )
+    compiled = [
+        c for c in cases if any(to_float((c.get("counters") or {}).get(k)) for k in COUNTER_KEYS)
+    ]
+    if compiled:
+        out.append(
+            Table(
+                "Cases with graph breaks, cudagraph skips or recompiles",
+                ["case", "impl", *COUNTER_KEYS],
+                [
+                    [
+                        short_name(c["nodeid"]),
+                        field(c, "impl"),
+                        *[(c.get("counters") or {}).get(k, 0) for k in COUNTER_KEYS],
+                    ]
+                    for c in compiled
+                ],
+            )
+        )
+    if any(c.get("cuda_visible_devices") is not None for c in cases):
+        out.append(
+            Table(
+                "Cases per GPU (CUDA_VISIBLE_DEVICES)",
+                ["GPU", *counts],
+                _grouped(cases, lambda c: (c.get("cuda_visible_devices") or "-",)),
+            )
+        )
+    if any(c.get("worker") for c in cases):
+        out.append(
+            Table(
+                "Cases per worker",
+                ["worker", *counts],
+                _grouped(cases, lambda c: (c.get("worker") or "-",)),
+            )
+        )
+    return out
+
+
+def _tail(text: str, lines: int = 30, chars: int = 2000) -> str:
+    """The end of a traceback, where the assertion is."""
+    text = text.strip("\n")
+    kept = "\n".join(text.rstrip().splitlines()[-lines:])[-chars:]
+    return kept if kept == text.rstrip() else "...\n" + kept
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _md_cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(t: Table) -> list[str]:
+    lines = [f"## {t.title}", ""]
+    if t.note:
+        lines += [t.note, ""]
+    lines.append("| " + " | ".join(map(_md_cell, t.header)) + " |")
+    lines.append("|" + "|".join("---" for _ in t.header) + "|")
+    lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in t.rows]
+    return lines + [""]
+
+
+def render_markdown(report: dict, comparison: str | None = None) -> str:
+    """report.md: environment, summary, tables, failures, and the baseline comparison if given."""
+    lines = ["# TE conformance report", "", f"**{summary_line(report)}**", ""]
+    if comparison:
+        lines += ["## Comparison with the baseline", "", "```", comparison, "```", ""]
+    for t in tables(report):
+        lines += _md_table(t)
+    fails = [c for c in report["cases"] if c["outcome"] in FAILING]
+    if fails:
+        lines += [f"## Failures ({len(fails)})", ""]
+        for i, c in enumerate(fails):
+            message = (c.get("message") or "-").strip()
+            lines += [f"### `{c['nodeid']}` ({c['outcome']})", "", "```", message[:1000], "```"]
+            if i < TRACEBACKS_N and c.get("longrepr"):
+                lines += [
+                    "",
+                    "<details><summary>traceback</summary>",
+                    "",
+                    "```",
+                    _tail(c["longrepr"]),
+                    "```",
+                    "",
+                    "</details>",
+                ]
+            lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _png(fig) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _heatmap(report: dict):
+    import numpy as np
+    from matplotlib.colors import ListedColormap, TwoSlopeNorm
+    from matplotlib.figure import Figure
+
+    worst: dict[tuple[str, str], float] = {}
+    for c in report["cases"]:
+        r = worst_ratio(c)
+        if r is not None:
+            k = (field(c, "layout"), field(c, "dtype"))
+            worst[k] = max(worst.get(k, r), r)
+    if not worst:
+        return None
+    layouts = sorted({k[0] for k in worst})
+    dtypes = sorted({k[1] for k in worst})
+    values = np.full((len(layouts), len(dtypes)), np.nan)
+    for (lay, dt), r in worst.items():
+        values[layouts.index(lay), dtypes.index(dt)] = r
+    finite = values[np.isfinite(values) & (values > 0)]
+    lo = max(-6.0, min(-3.0, math.floor(np.log10(finite.min())))) if finite.size else -3.0
+    hi = max(1.0, math.ceil(np.log10(finite.max()))) if finite.size else 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.clip(np.log10(values), lo, hi)  # 0 -> lo, inf -> hi; nan stays nan (grey)
+    # Two colour families that meet abruptly at ratio 1, so the pass line stands out.
+    from matplotlib import colormaps
+
+    colours = np.vstack(
+        [
+            colormaps["YlGn_r"](np.linspace(0.0, 0.85, 128)),
+            colormaps["Reds"](np.linspace(0.45, 1.0, 128)),
+        ]
+    )
+    cmap = ListedColormap(colours).with_extremes(bad="#dddddd")
+    fig = Figure(figsize=(2.2 + 1.1 * len(dtypes), 1.4 + 0.45 * len(layouts)))
+    ax = fig.add_subplot()
+    im = ax.imshow(logs, cmap=cmap, norm=TwoSlopeNorm(0.0, lo, hi), aspect="auto")
+    ax.set_xticks(range(len(dtypes)), dtypes)
+    ax.set_yticks(range(len(layouts)), layouts)
+    ax.set_title("worst ratio by layout x dtype (all impls)")
+    for i in range(len(layouts)):
+        for j in range(len(dtypes)):
+            v = values[i, j]
+            colour = (
+                "white"
+                if np.isfinite(logs[i, j]) and (logs[i, j] > 0.3 * hi or logs[i, j] < 0.7 * lo)
+                else "black"
+            )
+            ax.text(
+                j,
+                i,
+                "-" if np.isnan(v) else fmt_ratio(v),
+                ha="center",
+                va="center",
+                fontsize=9,
+                color=colour,
+            )
+    ticks = list(range(int(lo), int(hi) + 1))
+    bar = fig.colorbar(im, ax=ax, ticks=ticks)
+    bar.ax.set_yticklabels([("1 = pass line" if t == 0 else f"{10.0**t:g}") for t in ticks])
+    bar.ax.axhline(0.0, color="black", linewidth=2)
+    return fig
+
+
+def _histogram(report: dict):
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    ratios = [ratio_of(t) for c in report["cases"] for t in c.get("tensors") or []]
+    ratios = [r for r in ratios if r is not None]
+    logs = np.log10([r for r in ratios if 0 < r < math.inf])
+    if not logs.size:
+        return None
+    # A few vanishing ratios (1e-200) would squeeze everything that matters into one bar.
+    tiny = int((logs < HIST_FLOOR).sum())
+    logs = np.maximum(logs, HIST_FLOOR)
+    zeros = sum(r == 0 for r in ratios)
+    infs = sum(r == math.inf for r in ratios)
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.add_subplot()
+    ax.hist(logs, bins=40, color="#4c72b0")
+    ax.axvline(0.0, color="#c44e52", linewidth=2, label="ratio = 1 (pass line)")
+    ax.set_xlabel("log10(ratio)   (ratio = max_abs_err / bound)")
+    ax.set_ylabel("compared tensors")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    notes = [
+        f"{n} {what} not shown" for n, what in ((zeros, "exact zeros"), (infs, "inf/nan")) if n
+    ]
+    if tiny:
+        notes.append(f"{tiny} below 1e{HIST_FLOOR:.0f} drawn at {HIST_FLOOR:.0f}")
+    extra = ", ".join(notes)
+    ax.set_title(f"{len(ratios)} compared tensors" + (f" ({extra})" if extra else ""))
+    ax.legend()
+    return fig
+
+
+def _counters_bar(report: dict):
+    from matplotlib.figure import Figure
+
+    totals: Counter = Counter()
+    for c in report["cases"]:
+        for k, v in (c.get("counters") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                totals[k] += v
+    if not totals:
+        return None
+    names = sorted(totals)
+    fig = Figure(figsize=(7, 0.6 + 0.4 * len(names)))
+    ax = fig.add_subplot()
+    bars = ax.barh(names, [totals[n] for n in names], color="#55a868")
+    ax.bar_label(bars, padding=3)
+    ax.invert_yaxis()
+    ax.set_title("compile counters, summed over all cases")
+    return fig
+
+
+def plots(report: dict) -> tuple[list[tuple[str, str]], list[str]]:
+    """([(title, base64 png)], [notes]); never raises: a plot that fails becomes a note."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return [], ["plots unavailable: matplotlib not installed"]
+    images, notes = [], []
+    for title, make in (
+        ("Worst ratio by layout x dtype", _heatmap),
+        ("Distribution of ratios", _histogram),
+        ("Compile counters", _counters_bar),
+    ):
+        try:
+            fig = make(report)
+            if fig is not None:
+                images.append((title, _png(fig)))
+        except Exception as e:  # a broken plot must not cost the report
+            notes.append(f"plot '{title}' unavailable: {type(e).__name__}: {e}")
+    return images, notes
+
+
+# ---------------------------------------------------------------- html
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
+h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; } tr:nth-child(even) td { background: #fafafa; }
+.verdict { font-size: 1.2em; font-weight: bold; padding: 0.4em 0.8em; display: inline-block; }
+.PASS { background: #d8f0d8; } .FAIL { background: #f6d0d0; }
+.note { color: #666; } .warn { color: #a33; font-weight: bold; }
+pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
+img { max-width: 100%; display: block; margin: 0.5em 0 1.5em 0; }
+"""
+
+
+def _html_table(t: Table) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(str(h))}</th>" for h in t.header)
+    head = f"<tr>{head}</tr>" if any(t.header) else ""
+    body = "".join(
+        "<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in row) + "</tr>" for row in t.rows
+    )
+    note = f'<p class="note">{e(t.note)}</p>' if t.note else ""
+    return f"<h2>{e(t.title)}</h2>{note}<table>{head}{body}</table>"
+
+
+def render_html(report: dict, comparison: str | None = None) -> str:
+    """One self-contained HTML page: inline CSS, plots as data: URIs, nothing fetched."""
+    e = html.escape
+    status = "FAIL" if any(c["outcome"] in FAILING for c in report["cases"]) else "PASS"
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>TE conformance report</title><style>{CSS}</style></head><body>",
+        "<h1>TE conformance report</h1>",
+        f'<p class="verdict {status}">{e(summary_line(report))}</p>',
+    ]
+    if comparison:
+        parts.append(f"<h2>Comparison with the baseline</h2><pre>{e(comparison)}</pre>")
+    images, notes = plots(report)
+    all_tables = tables(report)
+    parts += [_html_table(t) for t in all_tables[:2]]  # environment, results by layout
+    parts.append("<h2>Plots</h2>")
+    parts += [f'<p class="warn">{e(n)}</p>' for n in notes]
+    parts += [f'<img alt="{e(title)}" src="data:image/png;base64,{png}">' for title, png in images]
+    parts += [_html_table(t) for t in all_tables[2:]]
+    fails = [c for c in report["cases"] if c["outcome"] in FAILING]
+    if fails:
+        parts.append(f"<h2>Failures ({len(fails)})</h2>")
+        for i, c in enumerate(fails):
+            parts.append(
+                f"<h3>{e(c['nodeid'])} ({e(c['outcome'])})</h3>"
+                f"<pre>{e((c.get('message') or '-').strip()[:1000])}</pre>"
+            )
+            if i < TRACEBACKS_N and c.get("longrepr"):
+                parts.append(
+                    f"<details><summary>traceback</summary><pre>{e(c['longrepr'])}</pre></details>"
+                )
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def render(report: dict, out_dir: str | Path, comparison: str | None = None) -> tuple[Path, Path]:
+    """Write report.md and report.html into out_dir; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md, page = out / "report.md", out / "report.html"
+    md.write_text(render_markdown(report, comparison), encoding="utf-8")
+    page.write_text(render_html(report, comparison), encoding="utf-8")
+    return md, page

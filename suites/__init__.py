@@ -1,0 +1,1 @@
+"""Conformance suites: case generation, implementation adapters, numerics and the test files."""

@@ -1,0 +1,108 @@
+"""The error-ratio rule of SPEC §6, with failure messages that say where and how much."""
+
+from __future__ import annotations
+
+import torch
+
+from reports import record
+
+K_FORWARD = 2.0
+K_BACKWARD = 3.0
+
+
+def floor(dtype: torch.dtype) -> float:
+    """The absolute floor of the bound: 1/64 of the dtype's epsilon (unit-scale ulp).
+
+    It only matters where the same-precision reference is exact (zeros, one-column rows), so that
+    an exact low-precision reference does not demand bit equality; it is far below one ulp at the
+    magnitudes attention produces, so it cannot hide a wrong value.
+    """
+    return torch.finfo(dtype).eps / 64
+
+
+def _index(flat_index: int, shape) -> tuple[int, ...]:
+    idx = []
+    for size in reversed(shape):
+        idx.append(flat_index % size if size else 0)
+        flat_index = flat_index // size if size else 0
+    return tuple(reversed(idx))
+
+
+def check_ratio(
+    name: str,
+    impl: torch.Tensor,
+    ref64: torch.Tensor,
+    ref_lp: torch.Tensor,
+    k: float,
+    dtype: torch.dtype | None = None,
+) -> float:
+    """Assert max|impl - ref64| <= k * max|ref_lp - ref64| + floor(dtype); returns the ratio.
+
+    The comparison is recorded for the report (error, bound, ratio = error / bound).
+    """
+    dtype = dtype or impl.dtype
+    assert impl.shape == ref64.shape == ref_lp.shape, (
+        f"{name}: shape mismatch impl {tuple(impl.shape)} ref {tuple(ref64.shape)} "
+        f"ref_lp {tuple(ref_lp.shape)}"
+    )
+    a = impl.detach().to(torch.float64)
+    r = ref64.detach().to(torch.float64)
+    lp = ref_lp.detach().to(torch.float64)
+    bad_nan = torch.isnan(a) & ~torch.isnan(r)
+    err = (a - r).abs().nan_to_num(nan=float("inf"))
+    max_err = err.max().item() if err.numel() else 0.0
+    ref_err = (lp - r).abs().nan_to_num(nan=float("inf"))
+    ref_err_max = ref_err.max().item() if ref_err.numel() else 0.0
+    bound = k * ref_err_max + floor(dtype)
+    ratio = max_err / bound
+    worst = _index(int(err.argmax().item()), err.shape) if err.numel() else ()
+    n_failed = int((err > bound).sum().item())
+    record.tensor(
+        name,
+        max_err,
+        bound,
+        ratio,
+        worst_index=list(worst),
+        n_failed=n_failed,
+        n_nan=int(bad_nan.sum().item()),
+    )
+    if ratio > 1.0:
+        at = f"[{', '.join(map(str, worst))}]"
+        raise AssertionError(
+            f"{name}: max |impl - ref64| = {max_err:.3e} > bound {bound:.3e} "
+            f"(= {k:g} x same-precision error {ref_err_max:.3e} + floor {floor(dtype):.1e}); "
+            f"ratio {ratio:.2f}; worst at {at}: impl {a[worst].item():.6g}, ref64 "
+            f"{r[worst].item():.6g}, ref_lp {lp[worst].item():.6g}; {n_failed} of {err.numel()} "
+            f"elements over the bound, {int(bad_nan.sum())} NaN where the reference is finite"
+        )
+    return ratio
+
+
+def check_exact(name: str, impl: torch.Tensor, ref: torch.Tensor) -> None:
+    """Bit-level equality of values (copies, zero fills): bound 0, ratio 0 or inf."""
+    assert impl.shape == ref.shape, f"{name}: shape {tuple(impl.shape)} != {tuple(ref.shape)}"
+    a = impl.detach().to(torch.float64)
+    r = ref.detach().to(torch.float64)
+    same = (a == r) | (torch.isnan(a) & torch.isnan(r))
+    n_diff = int((~same).sum().item())
+    err = (a - r).abs().nan_to_num(nan=float("inf"))
+    max_err = err.max().item() if err.numel() else 0.0
+    record.tensor(name, max_err, 0.0, 0.0 if n_diff == 0 else float("inf"), n_failed=n_diff)
+    if n_diff:
+        worst = _index(int((~same).to(torch.uint8).argmax().item()), err.shape)
+        raise AssertionError(
+            f"{name}: {n_diff} of {err.numel()} elements differ from the exact reference; first at "
+            f"{list(worst)}: impl {a[worst].item():.6g}, ref {r[worst].item():.6g}"
+        )
+
+
+def assert_bitwise_equal(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Byte equality (NaN payloads included): for replay-vs-eager and untouched-input checks."""
+    assert a.shape == b.shape and a.dtype == b.dtype, (
+        f"{name}: {a.shape}/{a.dtype} vs {b.shape}/{b.dtype}"
+    )
+    ab = a.detach().contiguous().view(torch.uint8)
+    bb = b.detach().contiguous().view(torch.uint8)
+    if not torch.equal(ab, bb):
+        n = int((ab != bb).sum().item())
+        raise AssertionError(f"{name}: {n} bytes differ")

@@ -1,0 +1,338 @@
+"""te_fast softmax and THD<->BSHD ops against te_ref: numerics, edge cases and argument errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import te_ref
+from reports import record
+from suites import devices
+from suites.numerics import K_BACKWARD, K_FORWARD, check_exact, check_ratio
+from suites.op_cases import (
+    CONVERT_DTYPES,
+    DTYPES,
+    SOFTMAX_DTYPES,
+    SOFTMAX_OPS,
+    cu_seqlens_from,
+    random_data,
+    random_mask,
+)
+from te_fast import ops as fast
+
+ROW_LENGTHS = (1, 7, 16, 17, 128, 1000, 4096, 16384, 20000)
+SQUARE_MAX = {"cpu": 1000, "cuda": 4096}  # longest square [ab, s, s] upper-triangular case
+SCALE = 0.7
+
+# variant -> (op, mask kind)
+VARIANTS = {
+    "scaled_softmax": ("scaled_softmax", None),
+    "scaled_masked_softmax-bcast_mask": ("scaled_masked_softmax", "bcast"),
+    "scaled_masked_softmax-batch_mask": ("scaled_masked_softmax", "batch"),
+    "scaled_upper_triang_masked_softmax": ("scaled_upper_triang_masked_softmax", None),
+    "scaled_aligned_causal_masked_softmax": ("scaled_aligned_causal_masked_softmax", None),
+}
+
+
+def _inputs(variant: str, sk: int, device: torch.device, dtype, magnitude: float):
+    """x (and mask) with b*h odd (3) and sq not a multiple of 4 (5)."""
+    op_name, mask_kind = VARIANTS[variant]
+    if op_name == "scaled_upper_triang_masked_softmax":
+        shape = (3, sk, sk) if sk <= SQUARE_MAX[device.type] else (3, 5, sk)
+    elif mask_kind == "batch":
+        shape = (3, 1, 5, sk)
+    else:
+        shape = (1, 3, 5, sk)
+    x = random_data(shape, dtype, device, magnitude)
+    mask = None
+    if mask_kind == "bcast":
+        mask = random_mask((1, 1, 5, sk), device)
+    elif mask_kind == "batch":
+        mask = random_mask((3, 1, 5, sk), device)
+    return SOFTMAX_OPS[op_name], x, mask
+
+
+def _check_softmax(op, x, mask, scale):
+    """Forward and backward of one te_fast softmax op against te_ref float64 and same-precision."""
+    dtype = x.dtype
+    extra = (mask,) if op.masked else ()
+    x_fast = x.clone().requires_grad_()
+    y = op.fast(x_fast, *extra, scale)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+
+    x64 = x.to(torch.float64).requires_grad_()
+    y64 = op.ref(x64, *extra, scale, compute_dtype=torch.float64)
+    y64.backward(dy.to(torch.float64))
+
+    x_lp = x.clone().requires_grad_()
+    y_lp = op.ref(x_lp, *extra, scale, compute_dtype=dtype)
+    y_lp.backward(dy)
+
+    assert y.dtype == dtype and y.shape == x.shape
+    check_ratio("y", y, y64, y_lp, K_FORWARD)
+    check_ratio("dx", x_fast.grad, x64.grad, x_lp.grad, K_BACKWARD)
+    return y, x_fast.grad
+
+
+def _record(op_name, dtype_name, device_name, mask_type="-"):
+    """Case fields go to the report first, so that a skipped case is labelled too."""
+    record.case(
+        impl="te_fast", layout=f"op:{op_name}", dtype=dtype_name, mask_type=mask_type,
+        device=device_name,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("sk", ROW_LENGTHS, ids=lambda n: f"sk{n}")
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("dtype_name", SOFTMAX_DTYPES)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_softmax(variant, dtype_name, device_name, sk):
+    _record(VARIANTS[variant][0], dtype_name, device_name, VARIANTS[variant][1] or "-")
+    device = devices.require(device_name)
+    op, x, mask = _inputs(variant, sk, device, DTYPES[dtype_name], 2.0)
+    record.case(shapes={"x": list(x.shape)})
+    _check_softmax(op, x, mask, SCALE)
+
+
+@pytest.mark.parametrize("sk", (17, 1000, 20000), ids=lambda n: f"sk{n}")
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("dtype_name", SOFTMAX_DTYPES)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_softmax_large_magnitude(variant, dtype_name, device_name, sk):
+    """|x| ~ 1e4 at scale 1: the max subtraction must happen in fp32 before exp."""
+    _record(VARIANTS[variant][0], dtype_name, device_name, "large_magnitude")
+    device = devices.require(device_name)
+    op, x, mask = _inputs(variant, sk, device, DTYPES[dtype_name], 1e4)
+    x = x.float().clamp(-6e4, 6e4).to(x.dtype)  # stay inside fp16's range
+    record.case(shapes={"x": list(x.shape)})
+    _check_softmax(op, x, mask, 1.0)
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("dtype_name", SOFTMAX_DTYPES)
+@pytest.mark.parametrize("sk", (5, 2000), ids=lambda n: f"sk{n}")
+def test_fully_masked_rows_are_zero(dtype_name, device_name, sk):
+    """Every column masked -> the row is 0 (not uniform, not NaN), in y and in dx."""
+    _record("scaled_masked_softmax", dtype_name, device_name, "fully_masked")
+    device = devices.require(device_name)
+    dtype = DTYPES[dtype_name]
+    x = random_data((2, 3, 7, sk), dtype, device, 2.0)
+    mask = torch.zeros(2, 1, 7, sk, dtype=torch.bool, device=device)
+    mask[0] = True  # batch 0: every row fully masked
+    mask[1, :, 3] = True  # batch 1: row 3
+    y, dx = _check_softmax(SOFTMAX_OPS["scaled_masked_softmax"], x, mask, SCALE)
+    for t in (y, dx):
+        assert not torch.isnan(t).any()
+        assert (t[0] == 0).all() and (t[1, :, 3] == 0).all()
+    # bottom-right causal with sq > sk: the first sq - sk rows keep no column
+    x = random_data((1, 2, sk + 3, sk), dtype, device, 2.0)
+    y, dx = _check_softmax(SOFTMAX_OPS["scaled_aligned_causal_masked_softmax"], x, None, SCALE)
+    for t in (y, dx):
+        assert not torch.isnan(t).any() and (t[:, :, :3] == 0).all()
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+def test_neg_inf_rows_are_zero(device_name):
+    """A row whose kept scores are all -inf (e.g. from an additive -inf bias) is 0 as well."""
+    _record("scaled_softmax", "fp32", device_name, "neg_inf_rows")
+    device = devices.require(device_name)
+    x = torch.randn(1, 2, 4, 40, device=device)
+    x[0, 1, 2] = float("-inf")
+    x[0, 0, 1, 5:] = float("-inf")
+    y = fast.scaled_softmax(x, 1.0)
+    assert (y[0, 1, 2] == 0).all() and not torch.isnan(y).any()
+    assert (y[0, 0, 1, 5:] == 0).all() and torch.allclose(
+        y[0, 0, 1].sum(), torch.tensor(1.0, device=device)
+    )
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("sk", (33, 3000), ids=lambda n: f"sk{n}")
+def test_strided_inputs_match_contiguous(device_name, sk):
+    """Non-contiguous inputs (a transposed view, a broadcast mask) give the contiguous result."""
+    _record("scaled_softmax", "bf16", device_name, "strided_inputs")
+    device = devices.require(device_name)
+    base = torch.randn(1, 5, 3, sk, device=device, dtype=torch.bfloat16)
+    x = base.transpose(1, 2)  # (1, 3, 5, sk), not contiguous
+    mask = (torch.rand(1, 1, 1, sk, device=device) < 0.3).expand(1, 1, 5, sk)
+    assert not x.is_contiguous() and not mask.is_contiguous()
+    for got, want in (
+        (fast.scaled_softmax(x, SCALE), fast.scaled_softmax(x.contiguous(), SCALE)),
+        (
+            fast.scaled_masked_softmax(x, mask, SCALE),
+            fast.scaled_masked_softmax(x.contiguous(), mask.contiguous(), SCALE),
+        ),
+    ):
+        assert got.is_contiguous() and torch.equal(got, want)
+
+
+# ----------------------------------------------------------------------------- conversions
+
+# name -> (lengths, max_seqlen or None (= max length), trailing tokens past cu_seqlens[-1])
+CONVERT_CASES = {
+    "random": (None, None, 0),
+    "zero_length": ([3, 0, 5, 0], None, 0),
+    "b1": ([7], None, 0),
+    "max_seqlen_larger": ([2, 6, 1], 11, 0),
+    "trailing_tokens": ([4, 2], None, 5),
+    "all_empty": ([0, 0], 3, 2),
+}
+
+
+def _convert_case(case, device):
+    lengths, max_seqlen, trailing = CONVERT_CASES[case]
+    if lengths is None:
+        lengths = torch.randint(0, 9, (5,)).tolist()
+    max_seqlen = max_seqlen if max_seqlen is not None else max(max(lengths), 1)
+    cu = cu_seqlens_from(lengths, device)
+    return cu, len(lengths), max_seqlen, sum(lengths) + trailing
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("dtype_name", CONVERT_DTYPES)
+@pytest.mark.parametrize("case", list(CONVERT_CASES))
+def test_convert(case, dtype_name, device_name):
+    """thd->bshd and bshd->thd are exact copies with zeros elsewhere; round trip is identity."""
+    _record("convert", dtype_name, device_name, case)
+    device = devices.require(device_name)
+    dtype = DTYPES[dtype_name]
+    cu, b, max_seqlen, t = _convert_case(case, device)
+    h, d = 3, 5
+    thd = random_data((t, h, d), dtype, device)
+    record.case(shapes={"thd": [t, h, d], "b": b, "max_seqlen": max_seqlen})
+
+    bshd = fast.convert_thd_to_bshd(thd, cu, b, max_seqlen)
+    assert bshd.shape == (b, max_seqlen, h, d) and bshd.dtype == dtype
+    check_exact("bshd", bshd, te_ref.convert_thd_to_bshd(thd, cu, b, max_seqlen))
+
+    back = fast.convert_bshd_to_thd(bshd, cu, t)
+    assert back.shape == (t, h, d) and back.dtype == dtype
+    check_exact("thd", back, te_ref.convert_bshd_to_thd(bshd, cu, t))
+    used = int(cu[-1])
+    check_exact("round_trip_valid", back[:used], thd[:used])
+    check_exact("round_trip_trailing_zero", back[used:], torch.zeros_like(back[used:]))
+
+    if dtype.itemsize > 1:  # gradients: fp8 storage is not differentiable
+        thd_g = thd.clone().requires_grad_()
+        out = fast.convert_thd_to_bshd(thd_g, cu, b, max_seqlen)
+        g = torch.randn_like(out)
+        out.backward(g)
+        thd64 = thd.to(torch.float64).requires_grad_()
+        te_ref.convert_thd_to_bshd(thd64, cu, b, max_seqlen).backward(g.to(torch.float64))
+        check_exact("dthd", thd_g.grad, thd64.grad)
+
+        bshd_g = bshd.clone().requires_grad_()
+        out = fast.convert_bshd_to_thd(bshd_g, cu, t)
+        g = torch.randn_like(out)
+        out.backward(g)
+        bshd64 = bshd.to(torch.float64).requires_grad_()
+        te_ref.convert_bshd_to_thd(bshd64, cu, t).backward(g.to(torch.float64))
+        check_exact("dbshd", bshd_g.grad, bshd64.grad)
+
+
+BAD_CU_SEQLENS = {
+    # name -> (lengths as cu_seqlens, batch, max_seqlen, tokens, message)
+    "non_monotone": ([0, 5, 3, 8], 3, 8, 8, "non-decreasing"),
+    "longer_than_max_seqlen": ([0, 2, 9], 2, 4, 9, "max_seqlen"),
+    "past_the_tokens": ([0, 3, 12], 2, 9, 10, "past"),
+    "nonzero_start": ([1, 3, 5], 2, 4, 5, r"cu_seqlens\[0\] == 0"),
+}
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("case", list(BAD_CU_SEQLENS))
+def test_convert_rejects_bad_cu_seqlens(case, device_name, monkeypatch):
+    """Bad cu_seqlens: a clear error on CPU (and on CUDA with TE_FAST_DEBUG_CHECKS=1); on CUDA
+    by default no host sync is allowed, so the affected sequences come back as NaN. Never OOB."""
+    _record("convert", "fp32", device_name, f"bad_cu_seqlens:{case}")
+    device = devices.require(device_name)
+    cu_list, b, max_seqlen, t, message = BAD_CU_SEQLENS[case]
+    cu = torch.tensor(cu_list, dtype=torch.int32, device=device)
+    thd = torch.randn(t, 2, 3, device=device)
+    bshd = torch.randn(b, max_seqlen, 2, 3, device=device)
+    if device.type == "cuda":
+        monkeypatch.delenv("TE_FAST_DEBUG_CHECKS", raising=False)
+        poisoned = fast.convert_thd_to_bshd(thd, cu, b, max_seqlen)
+        assert torch.isnan(poisoned).any(), "bad cu_seqlens must be visible (NaN), not silent"
+        assert torch.isnan(fast.convert_bshd_to_thd(bshd, cu, t)).any()
+        torch.cuda.synchronize()  # no illegal access happened
+        monkeypatch.setenv("TE_FAST_DEBUG_CHECKS", "1")
+    with pytest.raises(RuntimeError, match=f"convert_thd_to_bshd.*{message}"):
+        fast.convert_thd_to_bshd(thd, cu, b, max_seqlen)
+    if case != "longer_than_max_seqlen":  # bshd's own padded length bounds every sequence there
+        with pytest.raises(RuntimeError, match=f"convert_bshd_to_thd.*{message}"):
+            fast.convert_bshd_to_thd(torch.randn(b, 9, 2, 3, device=device), cu, t)
+
+
+# ----------------------------------------------------------------------------- argument errors
+
+
+def _bad_calls(device):
+    """case -> (call, expected message): each call breaks exactly one rule."""
+    x4 = torch.randn(2, 3, 5, 7, device=device)
+    y4 = torch.softmax(x4, -1)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    thd = torch.randn(5, 2, 3, device=device)
+
+    def mask(*shape, dtype=torch.bool):
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    shape4 = r"\[b, h, sq, sk\]"
+    mask_shape = r"mask of shape \[1\|b, 1, sq, sk\]"
+    f16_32 = "float16, bfloat16 or float32"
+    return {
+        "rank": (
+            lambda: fast.scaled_softmax(x4[0], 1.0),
+            f"scaled_softmax_fwd expects x of shape {shape4}",
+        ),
+        "dtype": (lambda: fast.scaled_softmax(x4.double(), 1.0), f16_32),
+        "int_dtype": (lambda: fast.scaled_aligned_causal_masked_softmax(x4.int(), 1.0), f16_32),
+        "triang_rank": (
+            lambda: fast.scaled_upper_triang_masked_softmax(x4, 1.0),
+            r"\[attn_batches, sq, sk\]",
+        ),
+        "mask_shape": (lambda: fast.scaled_masked_softmax(x4, mask(2, 3, 5, 7), 1.0), mask_shape),
+        "mask_batch": (lambda: fast.scaled_masked_softmax(x4, mask(3, 1, 5, 7), 1.0), mask_shape),
+        "mask_dtype": (
+            lambda: fast.scaled_masked_softmax(x4, mask(1, 1, 5, 7, dtype=torch.float32), 1.0),
+            "mask of dtype bool",
+        ),
+        "bwd_shape": (lambda: fast.scaled_softmax_bwd(y4[:, :2], y4, 1.0), "dy of the same shape"),
+        "bwd_dtype": (lambda: fast.scaled_softmax_bwd(y4.half(), y4, 1.0), "dy of the same dtype"),
+        "cu_dtype": (
+            lambda: fast.convert_thd_to_bshd(thd, cu.long(), 2, 3),
+            "cu_seqlens of dtype int32",
+        ),
+        "cu_shape": (
+            lambda: fast.convert_thd_to_bshd(thd, cu, 3, 3),
+            r"cu_seqlens of shape \[batch_size \+ 1\]",
+        ),
+        "cu_rank": (
+            lambda: fast.convert_bshd_to_thd(x4.view(2, 3, 5, 7), cu.view(1, 3), 5),
+            "cu_seqlens of shape",
+        ),
+        "thd_rank": (
+            lambda: fast.convert_thd_to_bshd(thd.view(5, 6), cu, 2, 3),
+            r"thd of shape \[t, h, d\]",
+        ),
+        "bshd_batch": (
+            lambda: fast.convert_bshd_to_thd(torch.randn(3, 3, 2, 3, device=device), cu, 5),
+            r"cu_seqlens of shape \[b \+ 1\]",
+        ),
+        "int_storage": (
+            lambda: fast.convert_bshd_to_thd(x4.int(), cu, 5),
+            "float dtype",
+        ),
+    }
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("case", list(_bad_calls("meta")))
+def test_argument_errors(case, device_name):
+    """Invalid input raises a RuntimeError naming the op, the argument and what was expected."""
+    _record("argument_errors", "-", device_name, case)
+    device = devices.require(device_name)
+    fn, message = _bad_calls(device)[case]
+    with pytest.raises(RuntimeError, match=f"te_fast: .*{message}"):
+        fn()
