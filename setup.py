@@ -39,14 +39,17 @@ def _default_arch_list() -> None:
 def get_extensions():
     """One extension, te_fast._C; the CUDA sources join when a CUDA build is possible."""
     sources = [os.path.join("csrc", "te_fast.cpp")]
-    cxx = ["-O3", "-std=c++20", "-fvisibility=hidden"]
+    # No -std here: BuildExtension picks the standard the installed torch was built with
+    # (C++17 for torch 2.11, C++20 for 2.13); overriding it breaks exceptions thrown by
+    # TORCH_CHECK on some toolchains. TE_FAST_CXXFLAGS adds flags for experiments.
+    cxx = ["-O3"] + os.environ.get("TE_FAST_CXXFLAGS", "").split()
     extra = {"cxx": cxx}
     use_cuda = _want_cuda()
     if use_cuda:
         _default_arch_list()
         sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
         sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
-        extra["nvcc"] = ["-O3", "-std=c++17", "--use_fast_math=false", "-lineinfo"]
+        extra["nvcc"] = ["-O3", "-lineinfo"]
         ext = cpp_extension.CUDAExtension
     else:
         ext = cpp_extension.CppExtension

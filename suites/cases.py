@@ -1,0 +1,397 @@
+"""Attention cases: what a case is, the deterministic matrices, and how its inputs are built."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from te_ref.layouts import (
+    ATTN_MASK_TYPES,  # noqa: F401  (re-exported for the suites)
+    CONTRACT_LAYOUTS,
+    LAYOUTS,
+    parse_layout,
+)
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+BIAS_SHAPES = ("bhss", "1hss", "b1ss", "11ss", "111s")
+
+
+@dataclass(frozen=True)
+class AttnCase:
+    """One attention call, described by data only (no tensors)."""
+
+    layout: str
+    dtype: str
+    mask_type: str
+    device: str = "cuda"
+    b: int = 2
+    sq: int = 37
+    skv: int = 37
+    h: int = 4
+    hg: int = 4
+    d: int = 32
+    dv: int = 32
+    bias_type: str = "no_bias"
+    bias_shape: str | None = None  # for pre/post_scale_bias
+    alibi_slopes: str | None = None  # None (default slopes), "h" or "bh" for alibi
+    softmax_type: str = "vanilla"
+    offset_via: str = "arg"  # learnable: "arg" ([h] forward argument) or "param" (module owns it)
+    window: tuple[int, int] | None = None
+    bottom_right_diagonal: bool | None = None
+    padding_from: str = "cu_seqlens"  # padding types on sbhd/bshd: "cu_seqlens" | "mask"
+    varlen: str = "random"  # lengths: "random" | "zero_length" | "full" | "trailing"
+    kv_cache_extra: int = 0  # thd_2*: kv cache longer than any filled length by this much
+    return_max_logit: bool = False
+    tags: tuple[str, ...] = field(default=())
+
+    @property
+    def attention_type(self) -> str:
+        return "self" if self.sq == self.skv else "cross"
+
+    @property
+    def layout_info(self):
+        return parse_layout(self.layout)
+
+    def invalid_reason(self) -> str | None:
+        """Why this combination cannot be expressed at all (not an implementation limit)."""
+        info = self.layout_info
+        if info.packing == "qkv" and (
+            self.h != self.hg or self.sq != self.skv or self.d != self.dv
+        ):
+            return (
+                "qkv-packed layouts hold q, k, v in one buffer: no GQA/MQA, MLA or cross attention"
+            )
+        if info.packing == "kv" and self.d != self.dv:
+            return "kv-packed layouts hold k and v in one buffer: dv must equal d (no MLA)"
+        if self.mask_type == "arbitrary" and info.q_format == "thd":
+            return None
+        return None
+
+    @property
+    def id(self) -> str:
+        parts = [self.layout, self.dtype, self.mask_type]
+        if self.hg != self.h:
+            parts.append("mqa" if self.hg == 1 else f"gqa{self.h // self.hg}")
+        if self.dv != self.d:
+            parts.append(f"mla{self.d}x{self.dv}")
+        if self.sq != self.skv:
+            parts.append(f"cross{self.sq}x{self.skv}")
+        if self.bias_type != "no_bias":
+            parts.append(self.bias_type + (f"_{self.bias_shape}" if self.bias_shape else ""))
+            if self.alibi_slopes:
+                parts.append(f"slopes_{self.alibi_slopes}")
+        if self.softmax_type != "vanilla":
+            parts.append(self.softmax_type + ("_param" if self.offset_via == "param" else ""))
+        if self.window is not None:
+            parts.append(f"win{self.window[0]}_{self.window[1]}")
+        if self.bottom_right_diagonal is not None:
+            parts.append("diag_br" if self.bottom_right_diagonal else "diag_tl")
+        if self.mask_type.startswith("padding") and self.layout_info.q_format != "thd":
+            parts.append(f"pad_{self.padding_from}")
+        if self.layout_info.q_format == "thd" and self.varlen != "random":
+            parts.append(self.varlen)
+        if self.kv_cache_extra:
+            parts.append(f"cache+{self.kv_cache_extra}")
+        if self.return_max_logit:
+            parts.append("max_logit")
+        parts.append(self.device)
+        return "-".join(parts)
+
+    def fields(self) -> dict:
+        """What the report records about the case."""
+        return {
+            "layout": self.layout,
+            "dtype": self.dtype,
+            "mask_type": self.mask_type,
+            "bias_type": self.bias_type,
+            "softmax_type": self.softmax_type,
+            "device": self.device,
+            "shapes": {
+                "b": self.b, "sq": self.sq, "skv": self.skv, "h": self.h, "hg": self.hg,
+                "d": self.d, "dv": self.dv,
+            },
+        }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- matrices
+
+# Smaller problems on the CPU (CI has 2 cores); odd sizes everywhere.
+SIZES = {
+    "cpu": {"b": 2, "sq": 13, "skv": 13, "h": 4, "d": 16},
+    "cuda": {"b": 3, "sq": 77, "skv": 77, "h": 8, "d": 64},
+}
+DEVICE_DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp16")}
+CORE_MASKS = ("no_mask", "causal", "padding_causal", "causal_bottom_right")
+
+
+def _sized(case: AttnCase, cross: bool = False, gqa: int = 1, mla: bool = False) -> AttnCase:
+    s = SIZES[case.device]
+    skv = s["skv"] + (s["skv"] // 2 + 3 if cross else 0)
+    d = s["d"]
+    return replace(
+        case, b=s["b"], sq=s["sq"], skv=skv, h=s["h"], hg=s["h"] // gqa, d=d,
+        dv=d // 2 + 8 if mla else d,
+    )  # fmt: skip
+
+
+def core_matrix(device: str) -> list[AttnCase]:
+    """The 5 contract layouts x 2 dtypes x 4 masks x {MHA, GQA}, in full."""
+    cases = []
+    for layout, dtype, mask, gqa in itertools.product(
+        CONTRACT_LAYOUTS, DEVICE_DTYPES[device], CORE_MASKS, (1, 2)
+    ):
+        cases.append(_sized(AttnCase(layout, dtype, mask, device=device), gqa=gqa))
+    return cases
+
+
+def _axis_values(device: str):
+    return {
+        "layout": sorted(LAYOUTS),
+        "dtype": DEVICE_DTYPES[device],
+        "mask_type": list(ATTN_MASK_TYPES),
+        "bias": [
+            ("no_bias", None, None),
+            *[("pre_scale_bias", s, None) for s in BIAS_SHAPES],
+            *[("post_scale_bias", s, None) for s in BIAS_SHAPES],
+            ("alibi", None, None),
+            ("alibi", None, "h"),
+            ("alibi", None, "bh"),
+        ],
+        "softmax": [
+            ("vanilla", "arg"),
+            ("off-by-one", "arg"),
+            ("learnable", "arg"),
+            ("learnable", "param"),
+        ],  # fmt: skip
+        "window": [None, (5, 0), (3, 2), (-1, 4), (0, -1)],
+        "diagonal": [None, None, True, False],
+        "shape": ["mha", "gqa", "mqa", "mla", "cross"],
+        "padding_from": ["cu_seqlens", "mask"],
+        "varlen": ["random", "zero_length", "full", "trailing"],
+        "max_logit": [False, False, True],
+    }
+
+
+def _build(device: str, choice: dict) -> AttnCase | None:
+    bias_type, bias_shape, slopes = choice["bias"]
+    softmax_type, offset_via = choice["softmax"]
+    shape = choice["shape"]
+    case = AttnCase(
+        choice["layout"], choice["dtype"], choice["mask_type"], device=device,
+        bias_type=bias_type, bias_shape=bias_shape, alibi_slopes=slopes,
+        softmax_type=softmax_type, offset_via=offset_via, window=choice["window"],
+        bottom_right_diagonal=choice["diagonal"], padding_from=choice["padding_from"],
+        varlen=choice["varlen"], return_max_logit=choice["max_logit"],
+    )  # fmt: skip
+    case = _sized(
+        case, cross=shape == "cross", gqa={"gqa": 2, "mqa": 4}.get(shape, 1), mla=shape == "mla"
+    )
+    info = case.layout_info
+    if case.window is not None and "causal" in case.mask_type and case.window[1] > 0:
+        return None  # a window that conflicts with a causal type is an error case, not a case
+    if info.q_format == "thd" and case.mask_type == "arbitrary":
+        return None
+    if info.q_format != info.kv_format and info.q_format == "thd":
+        case = replace(case, kv_cache_extra=7, skv=case.sq)  # cache longer than filled lengths
+    if case.invalid_reason():
+        return None
+    return case
+
+
+def broad_matrix(device: str, count: int, seed: int = 20261202) -> list[AttnCase]:
+    """A deterministic sample of every layout, mask, bias, softmax type, window and shape.
+
+    Every value of every axis appears at least once (chosen first), the rest are random
+    combinations; invalid combinations are redrawn. The same seed gives the same cases.
+    """
+    axes = _axis_values(device)
+    rng = random.Random(seed)
+    cases: dict[str, AttnCase] = {}
+
+    def draw(fixed: dict) -> None:
+        for _ in range(200):
+            choice = {k: (fixed[k] if k in fixed else rng.choice(v)) for k, v in axes.items()}
+            case = _build(device, choice)
+            if case is not None and case.id not in cases:
+                cases[case.id] = case
+                return
+
+    for axis, values in axes.items():
+        for value in values:
+            draw({axis: value})
+    while len(cases) < count:
+        draw({})
+    return list(cases.values())
+
+
+def thd_inference_cases(device: str) -> list[AttnCase]:
+    """q in thd with a padded kv cache (longer than its filled lengths), bottom-right causal."""
+    out = []
+    for layout, dtype, gqa, varlen in itertools.product(
+        ("thd_bshd_bshd", "thd_sbhd_sbhd"), DEVICE_DTYPES[device], (1, 2), ("random", "zero_length")
+    ):
+        case = AttnCase(layout, dtype, "padding_causal_bottom_right", device=device, varlen=varlen)
+        case = _sized(case, gqa=gqa)
+        out.append(replace(case, kv_cache_extra=9))
+    return out
+
+
+def varlen_cases(device: str) -> list[AttnCase]:
+    """Ragged batches: random lengths, zero-length sequences, one full sequence, trailing tokens."""
+    out = []
+    for layout, varlen, mask in itertools.product(
+        ("thd_thd_thd", "t3hd", "thd_th2d"),
+        ("random", "zero_length", "full", "trailing"),
+        ("padding", "padding_causal", "causal_bottom_right"),
+    ):
+        case = AttnCase(layout, DEVICE_DTYPES[device][-1], mask, device=device, varlen=varlen)
+        out.append(_sized(case))
+    return out
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def _lengths(case: AttnCase, s: int, rng: torch.Generator) -> list[int]:
+    if case.varlen == "full" or not (
+        case.mask_type.startswith("padding") or case.layout_info.q_format == "thd"
+    ):
+        return [s] * case.b
+    lengths = torch.randint(1, s + 1, (case.b,), generator=rng).tolist()
+    if case.varlen == "zero_length" and case.b > 1:
+        lengths[1] = 0
+    if case.varlen == "full":
+        lengths[0] = s
+    return lengths
+
+
+def _cu(lengths, device) -> torch.Tensor:
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device=device)
+
+
+@dataclass
+class AttnInputs:
+    """Leaf tensors (the ones gradients are taken for) and everything else a call needs."""
+
+    leaves: dict[str, torch.Tensor]  # name -> leaf (packed buffers stay whole)
+    kwargs: dict  # forward keyword arguments except tensors derived from leaves
+    grad_out: torch.Tensor
+    lengths_q: list[int]
+    lengths_kv: list[int]
+
+    def views(self, leaves: dict[str, torch.Tensor], case: AttnCase):
+        """(q, k, v, extra kwargs) as strided views of ``leaves`` (same recipe for every copy)."""
+        info = case.layout_info
+        if info.packing == "qkv":
+            buf = leaves["qkv"]
+            q, k, v = (buf.select(info.pack_dim, i) for i in range(3))
+        else:
+            q = leaves["q"]
+            if info.packing == "kv":
+                k, v = (leaves["kv"].select(info.pack_dim, i) for i in range(2))
+            else:
+                k, v = leaves["k"], leaves["v"]
+        extra = {}
+        if "bias" in leaves:
+            extra["core_attention_bias"] = leaves["bias"]
+        if "offset" in leaves:
+            extra["softmax_offset"] = leaves["offset"]
+        return q, k, v, extra
+
+
+def _seq_shape(fmt: str, b: int, s: int, t: int) -> tuple[int, ...]:
+    return {"sbhd": (s, b), "bshd": (b, s), "thd": (t,)}[fmt]
+
+
+def make_inputs(case: AttnCase, device: torch.device, rng: torch.Generator) -> AttnInputs:
+    """Random inputs for a case (on ``device``), with packed layouts as views of one buffer."""
+    info = case.layout_info
+    dtype = DTYPES[case.dtype]
+    lq = _lengths(case, case.sq, rng)
+    if info.q_format == "thd" and info.kv_format != "thd":  # kv cache: filled >= query lengths
+        lkv = [n + int(torch.randint(0, 4, (1,), generator=rng)) for n in lq]
+        lkv = [min(n, case.skv + case.kv_cache_extra) for n in lkv]
+    elif case.sq == case.skv and (info.packing == "qkv" or case.padding_from == "mask"):
+        lkv = list(lq)
+    else:
+        lkv = _lengths(case, case.skv, rng)
+    trailing = 3 if case.varlen == "trailing" else 0
+    t_q, t_kv = sum(lq) + trailing, sum(lkv) + trailing
+    skv_buf = case.skv + case.kv_cache_extra
+
+    def randn(*shape):
+        return torch.randn(shape, generator=rng, device="cpu").to(device=device, dtype=dtype)
+
+    q_seq = _seq_shape(info.q_format, case.b, case.sq, t_q)
+    kv_seq = _seq_shape(info.kv_format, case.b, skv_buf, t_kv)
+    leaves: dict[str, torch.Tensor] = {}
+    if info.packing == "qkv":
+        shape = (*q_seq, 3, case.h, case.d) if info.pack_dim == -3 else (*q_seq, case.h, 3, case.d)
+        leaves["qkv"] = randn(*shape)
+    else:
+        leaves["q"] = randn(*q_seq, case.h, case.d)
+        if info.packing == "kv":
+            if info.pack_dim == -3:
+                leaves["kv"] = randn(*kv_seq, 2, case.hg, case.d)
+            else:
+                leaves["kv"] = randn(*kv_seq, case.hg, 2, case.d)
+        else:
+            leaves["k"] = randn(*kv_seq, case.hg, case.d)
+            leaves["v"] = randn(*kv_seq, case.hg, case.dv)
+
+    kwargs: dict = {"qkv_layout": case.layout, "attn_mask_type": case.mask_type}
+    padded = case.mask_type.startswith("padding")
+    if info.q_format == "thd":
+        kwargs.update(cu_seqlens_q=_cu(lq, device), max_seqlen_q=case.sq)
+        if info.kv_format == "thd":
+            kwargs.update(cu_seqlens_kv=_cu(lkv, device), max_seqlen_kv=case.skv)
+        else:
+            kwargs.update(cu_seqlens_kv=_cu(lkv, device))
+    elif padded and case.padding_from == "cu_seqlens":
+        kwargs.update(cu_seqlens_q=_cu(lq, device), cu_seqlens_kv=_cu(lkv, device))
+    elif padded:
+        ar_q = torch.arange(case.sq, device=device)
+        ar_kv = torch.arange(skv_buf, device=device)
+        mq = (ar_q[None, :] >= torch.tensor(lq, device=device)[:, None]).view(case.b, 1, 1, -1)
+        mkv = (ar_kv[None, :] >= torch.tensor(lkv, device=device)[:, None]).view(case.b, 1, 1, -1)
+        kwargs["attention_mask"] = mq if case.sq == skv_buf else (mq, mkv)
+    if case.mask_type == "arbitrary":
+        shape = (case.b, case.h, case.sq, skv_buf)
+        mask = torch.rand(shape, generator=rng).to(device) < 0.3
+        mask[:, :, 1] = True  # fully masked rows must come out as 0
+        kwargs["attention_mask"] = mask
+    if case.window is not None:
+        kwargs["window_size"] = case.window
+    if case.bottom_right_diagonal is not None:
+        kwargs["bottom_right_diagonal"] = case.bottom_right_diagonal
+
+    if case.bias_type != "no_bias":
+        kwargs["core_attention_bias_type"] = case.bias_type
+    if case.bias_type in ("pre_scale_bias", "post_scale_bias"):
+        dims = {
+            "bhss": (case.b, case.h, case.sq, skv_buf), "1hss": (1, case.h, case.sq, skv_buf),
+            "b1ss": (case.b, 1, case.sq, skv_buf), "11ss": (1, 1, case.sq, skv_buf),
+            "111s": (1, 1, 1, skv_buf),
+        }[case.bias_shape]  # fmt: skip
+        leaves["bias"] = randn(*dims)
+    if case.bias_type == "alibi" and case.alibi_slopes:
+        shape = (case.h,) if case.alibi_slopes == "h" else (case.b, case.h)
+        kwargs["alibi_slopes"] = torch.rand(shape, generator=rng).to(device) * 0.5 + 0.05
+    if case.softmax_type == "learnable":
+        leaves["offset"] = torch.randn(case.h, generator=rng).to(device)  # fp32, like TE
+
+    # dO of the output's shape (the reference run fixes the shape; built here from the rules)
+    if info.q_format == "sbhd":
+        out_shape = (case.sq, case.b, case.h * case.dv)
+    elif info.q_format == "bshd":
+        out_shape = (case.b, case.sq, case.h * case.dv)
+    else:
+        out_shape = (t_q, case.h * case.dv)
+    grad_out = randn(*out_shape)
+    return AttnInputs(leaves, kwargs, grad_out, lq, lkv)

@@ -1,0 +1,148 @@
+"""Implementation adapters: what each one supports (as data) and how to call it.
+
+Add an implementation by subclassing Adapter, declaring what it supports, and listing it in
+ADAPTERS; the suites generate their parametrization from these declarations and skip the rest
+with the reasons `not_supported_reasons` gives. `--impl NAME` selects adapters.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from suites.cases import AttnCase
+from te_ref.layouts import ATTN_MASK_TYPES, LAYOUTS
+
+
+class Adapter:
+    """One implementation under test."""
+
+    name = "?"
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    layouts: tuple[str, ...] = tuple(LAYOUTS)
+    mask_types: tuple[str, ...] = ATTN_MASK_TYPES
+    bias_types: tuple[str, ...] = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
+    softmax_types: tuple[str, ...] = ("vanilla", "off-by-one", "learnable")
+    supports_fp8 = False
+    supports_max_logit = True
+    supports_window = True
+    default = True  # selected when no --impl is given
+
+    def not_supported_reasons(self, case: AttnCase) -> list[str]:
+        """Why this adapter cannot run the case (empty when it can)."""
+        reasons = []
+        for what, value, allowed in (
+            ("device", case.device, self.devices),
+            ("dtype", case.dtype, self.dtypes),
+            ("layout", case.layout, self.layouts),
+            ("mask type", case.mask_type, self.mask_types),
+            ("bias type", case.bias_type, self.bias_types),
+            ("softmax type", case.softmax_type, self.softmax_types),
+        ):
+            if value not in allowed:
+                reasons.append(f"{self.name} does not support {what} {value!r}")
+        if case.return_max_logit and not self.supports_max_logit:
+            reasons.append(f"{self.name} does not return max_logit")
+        if case.window is not None and not self.supports_window:
+            reasons.append(f"{self.name} has no sliding window")
+        return reasons
+
+    def unavailable_reason(self, device: str) -> str | None:
+        """Why the adapter cannot run on this machine right now (checked at run time)."""
+        return None
+
+    def run(self, case: AttnCase, q, k, v, kwargs: dict, scale: float):
+        """(out, max_logit or None, {leaf name: tensor that stands in for that leaf})."""
+        raise NotImplementedError
+
+
+class TeFast(Adapter):
+    """te_fast.UnfusedDotProductAttention, eager."""
+
+    name = "te_fast"
+
+    def unavailable_reason(self, device):
+        import te_fast
+
+        return te_fast.device_unavailable_reason(device)
+
+    def module(self, case: AttnCase, scale: float):
+        from te_fast import UnfusedDotProductAttention
+
+        return UnfusedDotProductAttention(
+            scale,
+            attention_type=case.attention_type,
+            softmax_type=case.softmax_type,
+            return_max_logit=case.return_max_logit,
+            num_attention_heads=case.h if case.offset_via == "param" else None,
+        ).to(case.device)
+
+    def call(self, module, q, k, v, kwargs):
+        return module(q, k, v, **kwargs)
+
+    def run(self, case, q, k, v, kwargs, scale):
+        module = self.module(case, scale)
+        stand_in = {}
+        if case.softmax_type == "learnable" and case.offset_via == "param":
+            offset = kwargs.pop("softmax_offset")
+            with torch.no_grad():
+                module.softmax_offset.copy_(offset)
+            stand_in["offset"] = module.softmax_offset
+        result = self.call(module, q, k, v, kwargs)
+        out, max_logit = result if case.return_max_logit else (result, None)
+        return out, max_logit, stand_in
+
+
+class TorchSdpa(Adapter):
+    """torch.nn.functional.scaled_dot_product_attention, as an example of a plugged-in impl."""
+
+    name = "torch.sdpa"
+    layouts = ("bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bs3hd", "bsh3d", "sb3hd", "sbh3d")
+    mask_types = ("no_mask", "causal", "arbitrary")
+    bias_types = ("no_bias",)
+    softmax_types = ("vanilla",)
+    supports_max_logit = False
+    supports_window = False
+    default = False
+
+    def not_supported_reasons(self, case):
+        reasons = super().not_supported_reasons(case)
+        if case.mask_type == "causal" and case.sq != case.skv:
+            reasons.append("torch.sdpa is_causal is top-left only for square problems here")
+        return reasons
+
+    def run(self, case, q, k, v, kwargs, scale):
+        fmt = case.layout_info.q_format
+
+        def heads_first(t):  # -> (b, h, s, d)
+            return t.permute(1, 2, 0, 3) if fmt == "sbhd" else t.permute(0, 2, 1, 3)
+
+        mask = kwargs.get("attention_mask")
+        out = torch.nn.functional.scaled_dot_product_attention(
+            heads_first(q), heads_first(k), heads_first(v),
+            attn_mask=None if mask is None else ~mask,
+            is_causal=case.mask_type == "causal", scale=scale, enable_gqa=case.h != case.hg,
+        )  # fmt: skip
+        # sdpa gives NaN for fully masked rows; SPEC §2 wants 0
+        out = out.nan_to_num(0.0)
+        b, h, sq, dv = out.shape
+        if fmt == "sbhd":
+            return out.permute(2, 0, 1, 3).reshape(sq, b, h * dv), None, {}
+        return out.permute(0, 2, 1, 3).reshape(b, sq, h * dv), None, {}
+
+
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (TeFast(), TorchSdpa())}
+
+
+def selected(config, pool: dict[str, Adapter] | None = None) -> list[Adapter]:
+    """The adapters chosen with --impl (default: every adapter marked default)."""
+    pool = ADAPTERS if pool is None else pool
+    names = config.getoption("--impl") if config is not None else None
+    if not names:
+        return [a for a in pool.values() if a.default]
+    unknown = [n for n in names if n not in pool]
+    if unknown:
+        import pytest
+
+        raise pytest.UsageError(f"--impl {unknown}: unknown; known adapters: {sorted(pool)}")
+    return [pool[n] for n in names]

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: environment, a timed build, the given pytest run (through the report
+# tool), and optionally the benchmark; every log lands in $OUT (default ./gpu_out).
+#   tools/gpu_run.sh [--bench] [--] [python -m reports run arguments ...]
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+bench=0
+if [ "${1:-}" = "--bench" ]; then bench=1; shift; fi
+if [ "${1:-}" = "--" ]; then shift; fi
+
+if [ -d .whl ]; then  # wheels carried to a machine without a registry
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  $PY -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
+  $PY -m pip list 2>/dev/null | grep -i -E "^(torch|pytest|pytest-xdist|matplotlib|numpy|ninja|expecttest) "
+  command -v ninja nvcc
+  echo "CC=${CC:-} CXX=${CXX:-}"; ${CXX:-g++} --version | head -1; /usr/bin/g++ --version 2>&1 | head -1
+  nproc
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+start=$(date +%s%N)
+MAX_JOBS=$(nproc) $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1
+rc=$?
+build_s=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "build: exit $rc in ${build_s} ms (MAX_JOBS=$(nproc), TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-auto})" | tee "$OUT/build_time.txt"
+grep -E "warning|error" "$OUT/build.log" | grep -v "Wc++20\|bit-fields" | head -20
+[ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit $rc; }
+$PY -c "import te_fast; print('te_fast CUDA:', te_fast.device_unavailable_reason('cuda') or 'ok')"
+# An argument error must come back as a Python exception (a toolchain mismatch can turn the
+# C++ throw into a crash): try it in a subprocess, and on a crash rebuild with the system g++.
+error_path() {
+  $PY -c "import torch, te_fast
+try:
+    te_fast.ops.scaled_softmax(torch.ones(2, 2), 1.0)
+except RuntimeError as e:
+    print('error path ok:', str(e)[:60])" 2>&1 | tail -1
+}
+if ! error_path | grep -q "error path ok"; then
+  echo "error path crashed with CXX=${CXX:-default}; $(${CXX:-g++} --version | head -1)" | tee -a "$OUT/build_time.txt"
+  rm -rf build te_fast/_C*.so
+  CC=/usr/bin/gcc CXX=/usr/bin/g++ MAX_JOBS=$(nproc) $PY setup.py build_ext --inplace > "$OUT/build2.log" 2>&1
+  echo "rebuilt with $(/usr/bin/g++ --version | head -1): $(error_path)" | tee -a "$OUT/build_time.txt"
+fi
+
+if [ $# -gt 0 ]; then
+  $PY -m reports run --out "$OUT/report" "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v -E "^\.|^s|PASSED|SKIPPED" | tail -60
+fi
+if [ $bench -eq 1 ]; then
+  $PY -m benchmarks.bench_ops --out "$OUT/bench" 2>&1 | tail -40
+fi
