@@ -64,50 +64,39 @@ def main(argv=None) -> int:
             f"{name:<48} {shape:<24} {ms:8.3f} ms  (IQR {spread:.3f})  {gbs:7.0f} GB/s", flush=True
         )
 
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_()
-    dst = torch.empty_like(src)
-    add("copy ceiling (1 GiB device-to-device)", "1 GiB", lambda: dst.copy_(src), 2 * nbytes(src))
-    ceiling = rows[0]["GB/s"]
-    del src, dst
+    def copy_ceiling():
+        src = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_()
+        dst = torch.empty_like(src)
+        add("copy ceiling (1 GiB device-to-device)", "1 GiB", lambda: dst.copy_(src), 2 << 30)
 
-    for sk in (128, 1024, 4096, 16384):
+    def softmax_rows(sk):
         b, h, sq = 4, 16, max(1, (1 << 26) // (4 * 16 * sk))  # 64M elements (128 MB in bf16)
         shape = f"[{b},{h},{sq},{sk}] bf16"
         x = torch.randn(b, h, sq, sk, device=dev, dtype=torch.bfloat16)
         y = ops.scaled_softmax(x, 0.125)
         dy = torch.randn_like(y)
         mask = torch.rand(b, 1, sq, sk, device=dev) < 0.2
-        add(
-            f"scaled_softmax_fwd sk={sk}",
-            shape,
-            lambda: ops.scaled_softmax(x, 0.125),
-            2 * nbytes(x),
-        )
-        add(
-            f"torch.softmax (eager, for reference) sk={sk}",
-            shape,
-            lambda: torch.softmax(x, -1),
-            2 * nbytes(x),
-        )
+        io2, io3 = 2 * nbytes(x), 3 * nbytes(x)
+        add(f"scaled_softmax_fwd sk={sk}", shape, lambda: ops.scaled_softmax(x, 0.125), io2)
+        add(f"torch.softmax (eager, reference) sk={sk}", shape, lambda: torch.softmax(x, -1), io2)
         add(
             f"scaled_masked_softmax_fwd sk={sk}",
             shape,
             lambda: ops.scaled_masked_softmax(x, mask, 0.125),
-            2 * nbytes(x) + nbytes(mask),
+            io2 + nbytes(mask),
         )
         add(
             f"scaled_aligned_causal_masked_softmax_fwd sk={sk}",
             shape,
             lambda: ops.scaled_aligned_causal_masked_softmax(x, 0.125),
-            2 * nbytes(x),
+            io2,
         )
-        add(
-            f"scaled_softmax_bwd sk={sk}",
-            shape,
-            lambda: ops.scaled_softmax_bwd(dy, y, 0.125),
-            3 * nbytes(x),
-        )
-        del x, y, dy, mask
+        add(f"scaled_softmax_bwd sk={sk}", shape, lambda: ops.scaled_softmax_bwd(dy, y, 0.125), io3)
+
+    copy_ceiling()
+    ceiling = rows[0]["GB/s"]
+    for sk in (128, 1024, 4096, 16384):
+        softmax_rows(sk)
 
     b, s, h, d = 32, 2048, 16, 128
     lengths = torch.randint(s // 2, s + 1, (b,))

@@ -66,8 +66,6 @@ class AttnCase:
             )
         if info.packing == "kv" and self.d != self.dv:
             return "kv-packed layouts hold k and v in one buffer: dv must equal d (no MLA)"
-        if self.mask_type == "arbitrary" and info.q_format == "thd":
-            return None
         return None
 
     @property
