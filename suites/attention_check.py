@@ -9,7 +9,7 @@ import torch
 
 import te_ref
 from reports import record
-from suites import devices
+from suites import contracts, devices
 from suites.cases import DTYPES, AttnCase, AttnInputs, make_inputs
 from suites.impls import Adapter
 from suites.numerics import K_BACKWARD, K_FORWARD, check_ratio
@@ -17,9 +17,11 @@ from suites.numerics import K_BACKWARD, K_FORWARD, check_ratio
 GRAD_NAMES = {"bias": "dbias", "offset": "dsoftmax_offset"}
 
 
-def prepare(adapter: Adapter, case: AttnCase) -> tuple[torch.device, AttnInputs]:
+def prepare(
+    adapter: Adapter, case: AttnCase, impl_name: str | None = None
+) -> tuple[torch.device, AttnInputs]:
     """Record the case, skip (with the reason) what cannot run here, and build its inputs."""
-    record.case(impl=adapter.name, **case.fields())
+    record.case(impl=impl_name or adapter.name, **case.fields())
     reasons = adapter.not_supported_reasons(case)
     if reasons:
         pytest.skip("; ".join(reasons))
@@ -53,15 +55,29 @@ def reference(case: AttnCase, inputs: AttnInputs, compute_dtype: torch.dtype, sc
     return out.detach(), max_logit.detach(), dict(zip(names, grads))
 
 
-def run_impl(adapter: Adapter, case: AttnCase, inputs: AttnInputs, scale: float):
-    """(out, max_logit, grads by leaf name) of the implementation under test."""
+def run_impl(adapter: Adapter, module, case: AttnCase, inputs: AttnInputs, watch=None):
+    """(out, max_logit, grads by leaf name) of one forward and backward through ``module``.
+
+    Results are cloned (CUDA-graph outputs are overwritten by the next replay). With ``watch``,
+    every input tensor and dO must come through bit-identical (no hidden mutation).
+    """
     leaves = _leaves_like(inputs, lambda n, t: t.dtype)
     q, k, v, extra = inputs.views(leaves, case)
-    out, max_logit, stand_in = adapter.run(case, q, k, v, {**inputs.kwargs, **extra}, scale)
+    kwargs = {**inputs.kwargs, **extra}
+    watched = [*leaves.values(), inputs.grad_out]
+    watched += [
+        t for t in kwargs.values()
+        if isinstance(t, torch.Tensor) and all(t is not w for w in watched)
+    ]  # fmt: skip
+    before = contracts.snapshot(watched) if watch else None
+    out, max_logit, stand_in = adapter.call(module, case, q, k, v, kwargs)
     targets = {**leaves, **stand_in}
     names = list(targets)
     grads = torch.autograd.grad(out, [targets[n] for n in names], inputs.grad_out)
-    return out.detach(), max_logit, dict(zip(names, grads))
+    if watch:
+        contracts.assert_untouched("input after forward and backward", watched, before)
+    clone = None if max_logit is None else max_logit.detach().clone()
+    return out.detach().clone(), clone, {n: g.clone() for n, g in zip(names, grads)}
 
 
 def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> None:
@@ -110,11 +126,16 @@ def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> None:
         raise AssertionError("\n".join(failures))
 
 
-def check_case(adapter: Adapter, case: AttnCase) -> None:
-    """The whole judgement of one case: implementation vs te_ref float64 and same-precision."""
-    device, inputs = prepare(adapter, case)
+def judge_against_reference(case: AttnCase, inputs: AttnInputs, impl) -> None:
+    """judge() with both references computed from the same inputs."""
     scale = case.d**-0.5
-    impl = run_impl(adapter, case, inputs, scale)
     ref64 = reference(case, inputs, torch.float64, scale)
     ref_lp = reference(case, inputs, DTYPES[case.dtype], scale)
     judge(case, inputs, impl, ref64, ref_lp)
+
+
+def check_case(adapter: Adapter, case: AttnCase) -> None:
+    """The whole judgement of one eager case: implementation vs te_ref float64/same-precision."""
+    _, inputs = prepare(adapter, case)
+    module = adapter.build(case, case.d**-0.5)
+    judge_against_reference(case, inputs, run_impl(adapter, module, case, inputs, watch=True))

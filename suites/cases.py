@@ -125,7 +125,7 @@ DEVICE_DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp16")}
 CORE_MASKS = ("no_mask", "causal", "padding_causal", "causal_bottom_right")
 
 
-def _sized(case: AttnCase, cross: bool = False, gqa: int = 1, mla: bool = False) -> AttnCase:
+def sized(case: AttnCase, cross: bool = False, gqa: int = 1, mla: bool = False) -> AttnCase:
     s = SIZES[case.device]
     skv = s["skv"] + (s["skv"] // 2 + 3 if cross else 0)
     d = s["d"]
@@ -141,7 +141,7 @@ def core_matrix(device: str) -> list[AttnCase]:
     for layout, dtype, mask, gqa in itertools.product(
         CONTRACT_LAYOUTS, DEVICE_DTYPES[device], CORE_MASKS, (1, 2)
     ):
-        cases.append(_sized(AttnCase(layout, dtype, mask, device=device), gqa=gqa))
+        cases.append(sized(AttnCase(layout, dtype, mask, device=device), gqa=gqa))
     return cases
 
 
@@ -184,7 +184,7 @@ def _build(device: str, choice: dict) -> AttnCase | None:
         bottom_right_diagonal=choice["diagonal"], padding_from=choice["padding_from"],
         varlen=choice["varlen"], return_max_logit=choice["max_logit"],
     )  # fmt: skip
-    case = _sized(
+    case = sized(
         case, cross=shape == "cross", gqa={"gqa": 2, "mqa": 4}.get(shape, 1), mla=shape == "mla"
     )
     info = case.layout_info
@@ -232,7 +232,7 @@ def thd_inference_cases(device: str) -> list[AttnCase]:
         ("thd_bshd_bshd", "thd_sbhd_sbhd"), DEVICE_DTYPES[device], (1, 2), ("random", "zero_length")
     ):
         case = AttnCase(layout, dtype, "padding_causal_bottom_right", device=device, varlen=varlen)
-        case = _sized(case, gqa=gqa)
+        case = sized(case, gqa=gqa)
         out.append(replace(case, kv_cache_extra=9))
     return out
 
@@ -246,7 +246,7 @@ def varlen_cases(device: str) -> list[AttnCase]:
         ("padding", "padding_causal", "causal_bottom_right"),
     ):
         case = AttnCase(layout, DEVICE_DTYPES[device][-1], mask, device=device, varlen=varlen)
-        out.append(_sized(case))
+        out.append(sized(case))
     return out
 
 
@@ -282,6 +282,17 @@ class AttnInputs:
     grad_out: torch.Tensor
     lengths_q: list[int]
     lengths_kv: list[int]
+
+    def with_fresh_values(self, rng: torch.Generator) -> AttnInputs:
+        """Same shapes, lengths, masks and cu_seqlens; new random leaf values and dO."""
+
+        def fresh(t):
+            return torch.randn(t.shape, generator=rng).to(device=t.device, dtype=t.dtype)
+
+        leaves = {n: fresh(t) for n, t in self.leaves.items()}
+        return AttnInputs(
+            leaves, self.kwargs, fresh(self.grad_out), self.lengths_q, self.lengths_kv
+        )
 
     def views(self, leaves: dict[str, torch.Tensor], case: AttnCase):
         """(q, k, v, extra kwargs) as strided views of ``leaves`` (same recipe for every copy)."""

@@ -51,9 +51,19 @@ class Adapter:
         """Why the adapter cannot run on this machine right now (checked at run time)."""
         return None
 
-    def run(self, case: AttnCase, q, k, v, kwargs: dict, scale: float):
-        """(out, max_logit or None, {leaf name: tensor that stands in for that leaf})."""
+    def build(self, case: AttnCase, scale: float) -> torch.nn.Module:
+        """A module computing the case's attention (what the compile suite compiles)."""
         raise NotImplementedError
+
+    def call(self, module, case: AttnCase, q, k, v, kwargs: dict):
+        """(out, max_logit or None, {leaf name: tensor that stands in for that leaf})."""
+        result = module(q, k, v, **kwargs)
+        out, max_logit = result if case.return_max_logit else (result, None)
+        return out, max_logit, {}
+
+    def run(self, case: AttnCase, q, k, v, kwargs: dict, scale: float):
+        """One eager call on a fresh module."""
+        return self.call(self.build(case, scale), case, q, k, v, kwargs)
 
 
 class TeFast(Adapter):
@@ -66,7 +76,7 @@ class TeFast(Adapter):
 
         return te_fast.device_unavailable_reason(device)
 
-    def module(self, case: AttnCase, scale: float):
+    def build(self, case, scale):
         from te_fast import UnfusedDotProductAttention
 
         return UnfusedDotProductAttention(
@@ -77,19 +87,16 @@ class TeFast(Adapter):
             num_attention_heads=case.h if case.offset_via == "param" else None,
         ).to(case.device)
 
-    def call(self, module, q, k, v, kwargs):
-        return module(q, k, v, **kwargs)
-
-    def run(self, case, q, k, v, kwargs, scale):
-        module = self.module(case, scale)
+    def call(self, module, case, q, k, v, kwargs):
         stand_in = {}
         if case.softmax_type == "learnable" and case.offset_via == "param":
+            # the module owns the offset: load the case's values into its parameter
+            kwargs = dict(kwargs)
             offset = kwargs.pop("softmax_offset")
             with torch.no_grad():
                 module.softmax_offset.copy_(offset)
             stand_in["offset"] = module.softmax_offset
-        result = self.call(module, q, k, v, kwargs)
-        out, max_logit = result if case.return_max_logit else (result, None)
+        out, max_logit, _ = super().call(module, case, q, k, v, kwargs)
         return out, max_logit, stand_in
 
 
@@ -111,24 +118,31 @@ class TorchSdpa(Adapter):
             reasons.append("torch.sdpa is_causal is top-left only for square problems here")
         return reasons
 
-    def run(self, case, q, k, v, kwargs, scale):
-        fmt = case.layout_info.q_format
+    def build(self, case, scale):
+        return _Sdpa(case, scale)
+
+
+class _Sdpa(torch.nn.Module):
+    def __init__(self, case: AttnCase, scale: float):
+        super().__init__()
+        self.case, self.scale = case, scale
+
+    def forward(self, q, k, v, qkv_layout, attn_mask_type, attention_mask=None):
+        case, fmt = self.case, self.case.layout_info.q_format
 
         def heads_first(t):  # -> (b, h, s, d)
             return t.permute(1, 2, 0, 3) if fmt == "sbhd" else t.permute(0, 2, 1, 3)
 
-        mask = kwargs.get("attention_mask")
         out = torch.nn.functional.scaled_dot_product_attention(
             heads_first(q), heads_first(k), heads_first(v),
-            attn_mask=None if mask is None else ~mask,
-            is_causal=case.mask_type == "causal", scale=scale, enable_gqa=case.h != case.hg,
+            attn_mask=None if attention_mask is None else ~attention_mask,
+            is_causal=attn_mask_type == "causal", scale=self.scale, enable_gqa=case.h != case.hg,
         )  # fmt: skip
-        # sdpa gives NaN for fully masked rows; SPEC §2 wants 0
-        out = out.nan_to_num(0.0)
+        out = out.nan_to_num(0.0)  # sdpa gives NaN for fully masked rows; SPEC §2 wants 0
         b, h, sq, dv = out.shape
         if fmt == "sbhd":
-            return out.permute(2, 0, 1, 3).reshape(sq, b, h * dv), None, {}
-        return out.permute(0, 2, 1, 3).reshape(b, sq, h * dv), None, {}
+            return out.permute(2, 0, 1, 3).reshape(sq, b, h * dv)
+        return out.permute(0, 2, 1, 3).reshape(b, sq, h * dv)
 
 
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (TeFast(), TorchSdpa())}

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 import te_ref
 from reports import record
-from suites import devices
-from suites.attention_check import check_case, prepare
+from suites import contracts, devices
+from suites.attention_check import check_case, prepare, run_impl
 from suites.cases import (
     AttnCase,
     broad_matrix,
@@ -243,33 +241,11 @@ SYNC_CASES = [
 ]
 
 
-@contextlib.contextmanager
-def sync_debug_error():
-    """torch.cuda.set_sync_debug_mode('error') for the block."""
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", SYNC_CASES, ids=lambda c: c.id)
 def test_no_host_sync(case):
     """The non-FP8 forward and backward make no host synchronisation."""
     adapter = TeFast()
-    device, inputs = prepare(adapter, case)
-    from suites.attention_check import _leaves_like
-
-    leaves = _leaves_like(inputs, lambda n, t: t.dtype)
-    q, k, v, extra = inputs.views(leaves, case)
-    module = adapter.module(case, case.d**-0.5)
-    kwargs = {**inputs.kwargs, **extra}
-    if case.offset_via == "param":
-        kwargs.pop("softmax_offset")
-    with sync_debug_error():
-        out = module(q, k, v, **kwargs)
-        out = out[0] if isinstance(out, tuple) else out
-        torch.autograd.grad(out, [t for t in leaves.values() if t.requires_grad], inputs.grad_out)
-    torch.cuda.synchronize()
+    _, inputs = prepare(adapter, case)
+    module = adapter.build(case, case.d**-0.5)
+    contracts.assert_no_host_sync(lambda: run_impl(adapter, module, case, inputs))

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from reports import record
-from suites import devices
+from suites import contracts, devices
 from suites.numerics import assert_bitwise_equal
 from suites.op_cases import DTYPES, OP_NAMES, call, contract_args, op_dtypes
 
@@ -17,21 +15,6 @@ CASES = [pytest.param(op, dt, id=f"{op}-{dt}") for op in OP_NAMES for dt in op_d
 
 def _record(op, dtype_name, device_name):
     record.case(impl="te_fast", layout=f"op:{op}", dtype=dtype_name, device=device_name)
-
-
-def _tensors(args):
-    return [a for a in args if isinstance(a, torch.Tensor)]
-
-
-def _storage_span(t: torch.Tensor) -> tuple[int, int]:
-    storage = t.untyped_storage()
-    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, a1 = _storage_span(a)
-    b0, b1 = _storage_span(b)
-    return a0 < b1 and b0 < a1 and a1 > a0 and b1 > b0
 
 
 ALL_OPCHECK_TESTS = (
@@ -68,23 +51,19 @@ def test_no_alias_no_mutation(op, dtype_name, device_name):
     _record(op, dtype_name, device_name)
     device = devices.require(device_name)
     args = contract_args(op, DTYPES[dtype_name], device)
-    inputs = _tensors(args)
-    before = [t.detach().clone() for t in inputs]
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    before = contracts.snapshot(inputs)
     out = call(op, args)
-    produced = [out]
-    watched = list(inputs)
+    produced, watched = [out], list(inputs)
     if out.requires_grad:
         dy = torch.randn_like(out)
         dy_before = dy.clone()
         needs = [t for t in inputs if t.requires_grad]
         produced += list(torch.autograd.grad(out, needs, dy))
         watched.append(dy)
-        assert_bitwise_equal("dy after backward", dy, dy_before)
-    for t, saved in zip(inputs, before):
-        assert_bitwise_equal("input after forward and backward", t, saved)
-    for p in produced:
-        for w in watched:
-            assert not _overlaps(p, w), f"{op}: an output shares storage with an input"
+        contracts.assert_untouched("dy after backward", [dy], [dy_before])
+    contracts.assert_untouched("input after forward and backward", inputs, before)
+    contracts.assert_fresh_storage(produced, watched)
 
 
 @pytest.mark.parametrize("device_name", devices.device_params())
@@ -96,9 +75,8 @@ def test_outputs_fully_written(op, dtype_name, device_name):
     args = contract_args(op, DTYPES[dtype_name], device, requires_grad=False)
     expected = call(op, args).clone()
     nbytes = expected.numel() * expected.element_size()
-    poison = torch.full(
-        (nbytes,), 0xFF, dtype=torch.uint8, device=device
-    )  # NaN in every float dtype
+    # all-ones bytes are NaN in every float dtype
+    poison = torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device)
     poison_ptr = poison.data_ptr()
     del poison
     out = call(op, args)
@@ -108,16 +86,6 @@ def test_outputs_fully_written(op, dtype_name, device_name):
     assert_bitwise_equal("output over a poisoned block", out, expected)
 
 
-@contextlib.contextmanager
-def _sync_debug_error():
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("op,dtype_name", CASES)
 def test_cuda_graph_capture_replay(op, dtype_name):
@@ -125,22 +93,15 @@ def test_cuda_graph_capture_replay(op, dtype_name):
     _record(op, dtype_name, "cuda")
     device = devices.require("cuda")
     dtype = DTYPES[dtype_name]
-    static = contract_args(op, dtype, device, requires_grad=False)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call(op, static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call(op, static)
-    for _ in range(3):
+
+    def refresh(static):
         fresh = contract_args(op, dtype, device, requires_grad=False)
         for dst, src in zip(static, fresh):
             if isinstance(dst, torch.Tensor):
                 dst.copy_(src)
-        graph.replay()
-        assert_bitwise_equal("replay vs eager", out, call(op, static))
+
+    static = list(contract_args(op, dtype, device, requires_grad=False))
+    contracts.assert_graph_replay_matches_eager(lambda *a: call(op, a), static, refresh)
 
 
 @pytest.mark.gpu
@@ -150,10 +111,11 @@ def test_no_host_sync(op, dtype_name):
     _record(op, dtype_name, "cuda")
     device = devices.require("cuda")
     args = contract_args(op, DTYPES[dtype_name], device)
-    dy = None
-    with _sync_debug_error():
+
+    def forward_backward():
         out = call(op, args)
         if out.requires_grad:
-            dy = torch.randn_like(out)
-            torch.autograd.grad(out, [t for t in _tensors(args) if t.requires_grad], dy)
-    torch.cuda.synchronize()
+            needs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            torch.autograd.grad(out, needs, torch.randn_like(out))
+
+    contracts.assert_no_host_sync(forward_backward)

@@ -23,10 +23,15 @@ fi
   $PY -m pip list 2>/dev/null | grep -i -E "^(torch|pytest|pytest-xdist|matplotlib|numpy|ninja|expecttest) "
   command -v ninja nvcc
   echo "CC=${CC:-} CXX=${CXX:-}"; ${CXX:-g++} --version | head -1; /usr/bin/g++ --version 2>&1 | head -1
+  file -L "${CXX:-/usr/bin/g++}" 2>/dev/null; head -c 400 "${CXX:-/dev/null}" 2>/dev/null | strings | head -5
   nproc
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+# This image's CXX (/opt/gcc/bin/g++) is a wrapper whose extensions crash when a C++ exception
+# crosses into torch (seen 2026-12-02: every TORCH_CHECK segfaulted); the distribution's g++ of
+# the same version works, so build with it where it exists. The error-path check below guards.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 start=$(date +%s%N)
 MAX_JOBS=$(nproc) $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1
 rc=$?

@@ -1,0 +1,142 @@
+"""The SPEC §3-4 contract assertions, shared by the suites and proven able to fail by
+suites/test_selftest.py (each one is run there against a deliberately broken op)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+
+import torch
+import torch._inductor.cudagraph_trees
+from torch._dynamo.utils import counters
+
+from suites.numerics import assert_bitwise_equal
+
+
+def _tensors(args) -> list[torch.Tensor]:
+    return [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def snapshot(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.detach().clone() for t in tensors]
+
+
+def assert_untouched(name: str, tensors: Sequence[torch.Tensor], before: Sequence[torch.Tensor]):
+    """Every tensor is bit-identical to its snapshot (no input, or dy, was written)."""
+    for i, (t, saved) in enumerate(zip(tensors, before)):
+        try:
+            assert_bitwise_equal(f"{name} #{i}", t, saved)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: an input was written (mutates_args=() is a lie)") from None
+
+
+def storage_span(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def assert_fresh_storage(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]):
+    """No output shares storage with any input."""
+    for o in outputs:
+        o0, o1 = storage_span(o)
+        for t in inputs:
+            t0, t1 = storage_span(t)
+            if o0 < t1 and t0 < o1 and o1 > o0 and t1 > t0:
+                raise AssertionError("an output shares storage with an input (undeclared alias)")
+
+
+@contextlib.contextmanager
+def sync_debug_error():
+    """torch.cuda.set_sync_debug_mode('error') for the block."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+def assert_no_host_sync(fn: Callable[[], object]) -> None:
+    """fn() runs under torch.cuda.set_sync_debug_mode('error') without a synchronising call."""
+    try:
+        with sync_debug_error():
+            fn()
+    except RuntimeError as e:
+        raise AssertionError(f"host synchronisation: {e}") from None
+    torch.cuda.synchronize()
+
+
+def assert_graph_replay_matches_eager(
+    fn: Callable[..., torch.Tensor], static_args: list, refresh: Callable[[list], None], replays=3
+) -> None:
+    """Capture fn(*static_args) with torch.cuda.graph (on its side stream), refresh the inputs in
+    place, replay, and require the eager result bit for bit. A launch on another stream or a
+    host sync inside fn makes the capture fail; stale or partial writes make replay differ."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(*static_args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*static_args)
+    except RuntimeError as e:
+        torch.cuda.synchronize()
+        raise AssertionError(f"CUDA graph capture failed (wrong stream or a sync?): {e}") from None
+    for _ in range(replays):
+        refresh(static_args)
+        graph.replay()
+        assert_bitwise_equal("graph replay vs eager", out, fn(*static_args))
+
+
+# ----------------------------------------------------------------------------- torch.compile
+
+
+def reset_compile_state() -> None:
+    """Fresh dynamo caches, CUDA-graph trees and counters, so one case cannot leak into the next."""
+    torch._dynamo.reset()
+    reset_trees = getattr(torch._inductor.cudagraph_trees, "reset_cudagraph_trees", None)
+    if reset_trees is not None:
+        reset_trees()
+    counters.clear()
+
+
+def compile_counters() -> dict:
+    """What the report records about a compiled case."""
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "frames_ok": counters["frames"]["ok"],
+    }
+
+
+def assert_no_graph_breaks() -> None:
+    breaks = dict(counters["graph_break"])
+    if breaks:
+        raise AssertionError(f"graph breaks: {breaks}")
+
+
+def assert_no_cudagraph_skips() -> None:
+    skips = counters["inductor"]["cudagraph_skips"]
+    if skips:
+        raise AssertionError(f"{skips} CUDA graph(s) skipped (see the 'skipping cudagraphs' log)")
+
+
+def count_graph_launches(fn: Callable[[], object]) -> int:
+    """How many CUDA graphs fn() launches, from the profiler's cudaGraphLaunch runtime calls."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.name.startswith("cudaGraphLaunch"))
+
+
+def assert_graphs_replayed(launches: int, expected: int = 2) -> None:
+    """The positive signal: forward and backward ran as replayed CUDA graphs (>= 2 launches)."""
+    if launches < expected:
+        raise AssertionError(
+            f"{launches} CUDA graph launch(es) in a steady-state iteration, expected >= {expected} "
+            "(forward and backward): nothing (or not everything) was captured and replayed"
+        )

@@ -1,0 +1,119 @@
+"""The suites can fail: each contract assertion is run against an op or program that breaks it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reports import record
+from suites import broken_ops, contracts, devices
+from suites.numerics import check_ratio
+
+
+def _record(name, device_name):
+    record.case(impl="selftest", layout=f"selftest:{name}", device=device_name)
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+def test_catches_input_mutation(device_name):
+    _record("writes_its_input", device_name)
+    device = devices.require(device_name, needs_te_fast=False)
+    x = torch.randn(4, 33, device=device)
+    before = contracts.snapshot([x])
+    broken_ops.writes_its_input(x)
+    with pytest.raises(AssertionError, match="an input was written"):
+        contracts.assert_untouched("x", [x], before)
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+def test_catches_aliased_output(device_name):
+    _record("aliased_output", device_name)
+    device = devices.require(device_name, needs_te_fast=False)
+    x = torch.randn(4, 33, device=device)
+    with pytest.raises(AssertionError, match="shares storage"):
+        contracts.assert_fresh_storage([x[1:]], [x])
+
+
+@pytest.mark.gpu
+def test_catches_default_stream_launch():
+    _record("default_stream_launch", "cuda")
+    device = devices.require("cuda", needs_te_fast=False)
+    static = [torch.randn(4, 33, device=device)]
+    with pytest.raises(AssertionError, match="CUDA graph capture failed"):
+        contracts.assert_graph_replay_matches_eager(
+            broken_ops.default_stream_launch, static, lambda a: a[0].normal_()
+        )
+
+
+@pytest.mark.gpu
+def test_catches_host_sync():
+    _record("reads_item", "cuda")
+    device = devices.require("cuda", needs_te_fast=False)
+    x = torch.randn(4, 33, device=device)
+    with pytest.raises(AssertionError, match="host synchronisation"):
+        contracts.assert_no_host_sync(lambda: broken_ops.reads_item(x))
+    static = [x.clone()]
+    with pytest.raises(AssertionError, match="CUDA graph capture failed"):
+        contracts.assert_graph_replay_matches_eager(
+            broken_ops.reads_item, static, lambda a: a[0].normal_()
+        )
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+def test_catches_graph_break(device_name):
+    _record("graph_break", device_name)
+    device = devices.require(device_name, needs_te_fast=False)
+
+    def fn(x):
+        y = torch.softmax(x, -1)
+        torch._dynamo.graph_break()
+        return y * 2
+
+    contracts.reset_compile_state()
+    torch.compile(fn, backend="aot_eager")(torch.randn(4, 8, device=device))
+    with pytest.raises(AssertionError, match="graph breaks"):
+        contracts.assert_no_graph_breaks()
+
+
+@pytest.mark.gpu
+def test_catches_cudagraph_skip():
+    """An input mutation inside a reduce-overhead graph makes inductor skip cudagraphs."""
+    _record("cudagraph_skip", "cuda")
+    device = devices.require("cuda", needs_te_fast=False)
+
+    def fn(x):
+        x.add_(1)
+        return torch.softmax(x, -1)
+
+    contracts.reset_compile_state()
+    compiled = torch.compile(fn, mode="reduce-overhead")
+    for _ in range(3):
+        compiled(torch.randn(4, 8, device=device))
+    with pytest.raises(AssertionError, match="skipped"):
+        contracts.assert_no_cudagraph_skips()
+
+
+@pytest.mark.gpu
+def test_catches_nothing_replayed():
+    """Compiled without CUDA graphs: the positive replay signal must fail."""
+    _record("no_cudagraphs", "cuda")
+    device = devices.require("cuda", needs_te_fast=False)
+    contracts.reset_compile_state()
+    compiled = torch.compile(lambda x: torch.softmax(x, -1) * 2, mode="default")
+    x = torch.randn(4, 8, device=device)
+    for _ in range(3):
+        compiled(x)
+    launches = contracts.count_graph_launches(lambda: compiled(x))
+    with pytest.raises(AssertionError, match="nothing"):
+        contracts.assert_graphs_replayed(launches)
+
+
+def test_catches_wrong_numerics():
+    """A softmax that ignores its scale fails the error-ratio rule."""
+    _record("wrong_scale", "cpu")
+    x = torch.randn(3, 50, dtype=torch.bfloat16)
+    ref64 = torch.softmax(x.double() * 0.5, -1)
+    ref_lp = torch.softmax(x * 0.5, -1)
+    wrong = torch.softmax(x.float(), -1).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="ratio"):
+        check_ratio("y", wrong, ref64, ref_lp, 2.0)
