@@ -39,7 +39,9 @@ def test_catches_default_stream_launch():
     _record("default_stream_launch", "cuda")
     device = devices.require("cuda", needs_te_fast=False)
     static = [torch.randn(4, 33, device=device)]
-    with pytest.raises(AssertionError, match="CUDA graph capture failed"):
+    # seen on an H200 (torch 2.11): the launch escapes the capture ("The CUDA Graph is empty"),
+    # so capture succeeds and the replay returns stale output; either way the check must fail
+    with pytest.raises(AssertionError, match="CUDA graph capture failed|graph replay vs eager"):
         contracts.assert_graph_replay_matches_eager(
             broken_ops.default_stream_launch, static, lambda a: a[0].normal_()
         )
@@ -115,5 +117,5 @@ def test_catches_wrong_numerics():
     ref64 = torch.softmax(x.double() * 0.5, -1)
     ref_lp = torch.softmax(x * 0.5, -1)
     wrong = torch.softmax(x.float(), -1).to(torch.bfloat16)
-    with pytest.raises(AssertionError, match="ratio"):
+    with record.suspended(), pytest.raises(AssertionError, match="ratio"):
         check_ratio("y", wrong, ref64, ref_lp, 2.0)

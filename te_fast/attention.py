@@ -30,6 +30,16 @@ def _repeat_kv(t, h):
     return t[:, :, None].expand(b, hg, h // hg, s, d).reshape(b, h, s, d)
 
 
+def _bmm(a, b):
+    """BMM1/BMM2. fp16/bf16 go to cuBLAS as they are (fp32 accumulation). fp32 inputs accumulate
+    in fp64: an fp32 GEMM's rounding is as large as the reference composite's own, so the
+    error-ratio rule (k = 2) would pass or fail on summation-order luck; in fp64 the fp32 path
+    is correctly rounded at the GEMM outputs, in forward and (through autograd) backward."""
+    if a.dtype == torch.float32:
+        return torch.matmul(a.double(), b.double()).float()
+    return torch.matmul(a, b)
+
+
 def _alibi_slopes(h, device):
     """Default ALiBi slopes computed on the device (no host-to-device copy, capture-safe)."""
     n = 1 << (h.bit_length() - 1)  # 2**floor(log2 h)
@@ -142,7 +152,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             lkv = self._lengths(cfg.kv_lengths, cu_kv, attention_mask, 1)  # (b,)
 
         # BMM1 and bias; `softmax_scale` is what the softmax kernel still has to apply (in fp32).
-        scores = torch.matmul(qh, kh.transpose(-2, -1))  # (b, h, sq, skv)
+        scores = _bmm(qh, kh.transpose(-2, -1))  # (b, h, sq, skv)
         softmax_scale = scale
         if cfg.bias_type == "pre_scale_bias":
             scores = scores + bias.to(scores.dtype)
@@ -178,7 +188,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             with self.attention_dropout_ctx():
                 probs = torch.nn.functional.dropout(probs, self.attention_dropout, self.training)
 
-        o = torch.matmul(probs, vh)  # (b, h, sq, dv)
+        o = _bmm(probs, vh)  # (b, h, sq, dv)
         out = self._output(cfg, o, cu_q)
         if not self.return_max_logit:
             return out

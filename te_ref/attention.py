@@ -180,5 +180,7 @@ def dot_product_attention(
         )  # (t, h*dv)
     if not return_max_logit:
         return out
-    max_logit = s.float().masked_fill(masked, float("-inf")).amax(dim=(0, 2, 3))  # (h,)
+    # (h,): fp32 as TE returns it, but kept in float64 for the float64 golden answer
+    logit_dtype = torch.float64 if cd == torch.float64 else torch.float32
+    max_logit = s.to(logit_dtype).masked_fill(masked, float("-inf")).amax(dim=(0, 2, 3))
     return out, max_logit
