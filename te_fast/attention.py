@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+from types import MappingProxyType
 
 import torch
 
+from te_fast import fp8 as fp8_lib
 from te_fast import ops
 from te_ref.config import AttentionConfig, resolve
 from te_ref.layouts import SOFTMAX_TYPES
@@ -86,6 +88,8 @@ class UnfusedDotProductAttention(torch.nn.Module):
         self.layer_number = layer_number
         self.softmax_type = softmax_type
         self.return_max_logit = return_max_logit
+        self._fp8_recipe = None
+        self._fp8_roles: dict = {}
         if softmax_type == "learnable" and num_attention_heads is not None:
             self.softmax_offset = torch.nn.Parameter(torch.zeros(num_attention_heads))
         else:
@@ -115,9 +119,18 @@ class UnfusedDotProductAttention(torch.nn.Module):
         fp8_output: bool = False,
     ):
         """Attention in the SPEC §1 output shape; (out, max_logit [h]) with return_max_logit."""
-        if fp8 or fp8_output:
-            raise NotImplementedError(
-                "te_fast: FP8 attention (fp8=True / fp8_output=True) is not implemented yet"
+        if fp8 or fp8_output:  # the eager island: exactly one graph break, here
+            kwargs = dict(
+                qkv_layout=qkv_layout, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+                attn_mask_type=attn_mask_type, attention_mask=attention_mask,
+                window_size=window_size, bottom_right_diagonal=bottom_right_diagonal,
+                core_attention_bias_type=core_attention_bias_type,
+                core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
+                softmax_offset=softmax_offset,
+            )  # fmt: skip
+            return _fp8_island(
+                self, query_layer, key_layer, value_layer, kwargs, fp8, fp8_meta, fp8_output
             )
         cfg = resolve(
             query_layer, key_layer, value_layer,
@@ -137,6 +150,62 @@ class UnfusedDotProductAttention(torch.nn.Module):
             cu_seqlens_kv if cu_seqlens_kv is not None else cu_seqlens_q,
             attention_mask, core_attention_bias, alibi_slopes, offset,
         )  # fmt: skip
+
+    @property
+    def fp8_state(self) -> MappingProxyType:
+        """Read-only copies of the FP8 scaling state, by role (QKV, S, O, dO, dP, dQKV)."""
+        return MappingProxyType({r: s.view() for r, s in self._fp8_roles.items()})
+
+    def _fp8_forward(self, q, k, v, kwargs, fp8_enabled, fp8_meta, fp8_output):
+        if not fp8_enabled:
+            raise ValueError("fp8_output=True needs fp8=True")
+        recipe = (fp8_meta or {}).get("recipe")
+        if recipe is None:
+            raise ValueError("fp8=True needs fp8_meta={'recipe': DelayedScaling(...) or "
+                             "CurrentScaling(...)} (from te_fast.fp8)")  # fmt: skip
+        cfg = resolve(
+            q, k, v, softmax_type=self.softmax_type, attention_type=self.attention_type,
+            has_offset_parameter=self.softmax_offset is not None, **kwargs,
+        )  # fmt: skip
+        unsupported = [
+            what
+            for what, bad in (
+                (f"core_attention_bias_type={cfg.bias_type!r}", cfg.bias_type != "no_bias"),
+                (f"softmax_type={cfg.softmax_type!r}", cfg.softmax_type != "vanilla"),
+                ("attention_dropout > 0 in training", self.training and self.attention_dropout),
+                ("return_max_logit", self.return_max_logit),
+            )
+            if bad
+        ]
+        if unsupported:
+            raise NotImplementedError(f"te_fast FP8 attention does not support {unsupported}")
+        if recipe != self._fp8_recipe:  # a new recipe starts from a fresh state
+            self._fp8_recipe, self._fp8_roles = recipe, fp8_lib.make_state(recipe, q.device)
+        cu_q, cu_kv = kwargs["cu_seqlens_q"], kwargs["cu_seqlens_kv"]
+        cu_kv = cu_kv if cu_kv is not None else cu_q
+        b, sq, skv = cfg.b, cfg.sq, cfg.skv
+        qh = _heads_first(q, cfg.layout.q_format, cu_q, b, sq)  # (b, h, sq, d)
+        kh = _heads_first(k, cfg.layout.kv_format, cu_kv, b, skv)  # (b, hg, skv, d)
+        vh = _heads_first(v, cfg.layout.kv_format, cu_kv, b, skv)  # (b, hg, skv, dv)
+        lq = lkv = None
+        if cfg.q_lengths is not None:
+            lq = self._lengths(cfg.q_lengths, cu_q, kwargs["attention_mask"], 0)
+            lkv = self._lengths(cfg.kv_lengths, cu_kv, kwargs["attention_mask"], 1)
+        masked = self._mask(cfg, lq, lkv, kwargs["attention_mask"], q.device)
+        scale = cfg.dqk**-0.5 if self.softmax_scale is None else self.softmax_scale
+        o, o_data, o_scale_inv = fp8_lib.FP8Attention.apply(
+            qh, kh, vh, masked, scale, self._fp8_roles, self._softmax
+        )
+        out = self._output(cfg, o, cu_q)
+        if not fp8_output:
+            return out
+        return fp8_lib.to_float8(out, self._output(cfg, o_data, cu_q), o_scale_inv)
+
+    @classmethod
+    def _softmax(cls, scores, masked, scale):
+        if masked is None:
+            return ops.scaled_softmax(scores, scale)
+        return cls._masked_softmax(scores, masked, scale)
 
     def _attention(self, cfg: AttentionConfig, q, k, v, cu_q, cu_kv, attention_mask, bias,
                    alibi_slopes, offset):  # fmt: skip
@@ -286,3 +355,10 @@ class UnfusedDotProductAttention(torch.nn.Module):
         t = cfg.num_tokens_q
         thd = ops.convert_bshd_to_thd(o.permute(0, 2, 1, 3), cu_q, t)  # (t, h, dv)
         return thd.view(t, h * dv)
+
+
+@torch._dynamo.disable
+def _fp8_island(module, q, k, v, kwargs, fp8_enabled, fp8_meta, fp8_output):
+    """FP8 runs eagerly: under torch.compile this call is one graph break (fullgraph=True gives
+    dynamo's error about a disabled function) and never a wrong compiled result."""
+    return module._fp8_forward(q, k, v, kwargs, fp8_enabled, fp8_meta, fp8_output)
