@@ -209,18 +209,6 @@ def test_invalid_arguments(case, device_name):
         te_ref.dot_product_attention(q, k, v, **kwargs)
 
 
-@pytest.mark.parametrize("device_name", devices.device_params())
-def test_fp8_not_yet_implemented(device_name):
-    """Until FP8 lands, fp8=True is a NotImplementedError, not a silent fallback."""
-    from te_fast import UnfusedDotProductAttention
-
-    record.case(impl="te_fast", layout="sbh3d", mask_type="fp8", device=device_name)
-    device = devices.require(device_name)
-    q = torch.randn(5, 2, 4, 8, device=device)
-    with pytest.raises(NotImplementedError):
-        UnfusedDotProductAttention(None)(q, q, q, qkv_layout="sbhd_sbhd_sbhd", fp8=True)
-
-
 # ----------------------------------------------------------------------------- host syncs (GPU)
 
 SYNC_CASES = [
