@@ -183,15 +183,10 @@ class UnfusedDotProductAttention(torch.nn.Module):
             self._fp8_recipe, self._fp8_roles = recipe, fp8_lib.make_state(recipe, q.device)
         cu_q, cu_kv = kwargs["cu_seqlens_q"], kwargs["cu_seqlens_kv"]
         cu_kv = cu_kv if cu_kv is not None else cu_q
-        b, sq, skv = cfg.b, cfg.sq, cfg.skv
-        qh = _heads_first(q, cfg.layout.q_format, cu_q, b, sq)  # (b, h, sq, d)
-        kh = _heads_first(k, cfg.layout.kv_format, cu_kv, b, skv)  # (b, hg, skv, d)
-        vh = _heads_first(v, cfg.layout.kv_format, cu_kv, b, skv)  # (b, hg, skv, dv)
-        lq = lkv = None
-        if cfg.q_lengths is not None:
-            lq = self._lengths(cfg.q_lengths, cu_q, kwargs["attention_mask"], 0)
-            lkv = self._lengths(cfg.kv_lengths, cu_kv, kwargs["attention_mask"], 1)
-        masked = self._mask(cfg, lq, lkv, kwargs["attention_mask"], q.device)
+        attention_mask = kwargs["attention_mask"]
+        qh, kh, vh, lq, lkv = self._heads_first_and_lengths(cfg, q, k, v, cu_q, cu_kv,
+                                                            attention_mask)  # fmt: skip
+        masked = self._mask(cfg, lq, lkv, attention_mask, q.device)
         scale = cfg.dqk**-0.5 if self.softmax_scale is None else self.softmax_scale
         o, o_data, o_scale_inv = fp8_lib.FP8Attention.apply(
             qh, kh, vh, masked, scale, self._fp8_roles, self._softmax
@@ -207,18 +202,25 @@ class UnfusedDotProductAttention(torch.nn.Module):
             return ops.scaled_softmax(scores, scale)
         return cls._masked_softmax(scores, masked, scale)
 
+    def _heads_first_and_lengths(self, cfg, q, k, v, cu_q, cu_kv, attention_mask):
+        """q (b, h, sq, dqk), k (b, hg, skv, dqk), v (b, hg, skv, dv), and the per-batch
+        lengths (b,) of q and kv where the call has them (else None): all on the device."""
+        qh = _heads_first(q, cfg.layout.q_format, cu_q, cfg.b, cfg.sq)
+        kh = _heads_first(k, cfg.layout.kv_format, cu_kv, cfg.b, cfg.skv)
+        vh = _heads_first(v, cfg.layout.kv_format, cu_kv, cfg.b, cfg.skv)
+        lq = lkv = None
+        if cfg.q_lengths is not None:
+            lq = self._lengths(cfg.q_lengths, cu_q, attention_mask, 0)
+            lkv = self._lengths(cfg.kv_lengths, cu_kv, attention_mask, 1)
+        return qh, kh, vh, lq, lkv
+
     def _attention(self, cfg: AttentionConfig, q, k, v, cu_q, cu_kv, attention_mask, bias,
                    alibi_slopes, offset):  # fmt: skip
         b, sq, skv, h = cfg.b, cfg.sq, cfg.skv, cfg.h
         scale = cfg.dqk**-0.5 if self.softmax_scale is None else self.softmax_scale
-        qh = _heads_first(q, cfg.layout.q_format, cu_q, b, sq)  # (b, h, sq, dqk)
-        kh = _repeat_kv(_heads_first(k, cfg.layout.kv_format, cu_kv, b, skv), h)  # (b, h, skv, dqk)
-        vh = _repeat_kv(_heads_first(v, cfg.layout.kv_format, cu_kv, b, skv), h)  # (b, h, skv, dv)
-
-        lq = lkv = None
-        if cfg.q_lengths is not None:
-            lq = self._lengths(cfg.q_lengths, cu_q, attention_mask, 0)  # (b,)
-            lkv = self._lengths(cfg.kv_lengths, cu_kv, attention_mask, 1)  # (b,)
+        qh, kh, vh, lq, lkv = self._heads_first_and_lengths(cfg, q, k, v, cu_q, cu_kv,
+                                                            attention_mask)  # fmt: skip
+        kh, vh = _repeat_kv(kh, h), _repeat_kv(vh, h)  # (b, h, skv, d): GQA/MQA
 
         # BMM1 and bias; `softmax_scale` is what the softmax kernel still has to apply (in fp32).
         scores = _bmm(qh, kh.transpose(-2, -1))  # (b, h, sq, skv)
