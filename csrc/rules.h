@@ -2,6 +2,7 @@
 // Pure C++ (no torch headers) so that plain nvcc can compile the CUDA side.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -29,6 +30,19 @@ TE_HD int64_t kept_prefix(int mode, int64_t i, int64_t sq, int64_t sk) {
     limit = i + 1 + sk - sq;
   }
   return limit < 0 ? 0 : (limit > sk ? sk : limit);
+}
+
+// exp(scale * x - m) for one kept column, where m is the row's (running) max of fl(scale * x);
+// softmax is shift-invariant, so any m near the max serves. With fp32 data (kWide) the product
+// and the difference are formed in double, where both are exact or nearly so, and only the small
+// difference is rounded to fp32: rounding scale * x to fp32 first would cost up to half an ulp
+// of the score, which at a score of 6 is 2.4e-7 of every probability, the largest error of the
+// whole softmax and one that an fp32 composite shares. fp16/bf16 data work in fp32: their
+// output rounding is 2^13 times coarser than that.
+template <bool kWide>
+TE_HD float exp_shifted(float x, float scale, float m) {
+  if (kWide) return expf(static_cast<float>(static_cast<double>(x) * scale - m));
+  return expf(x * scale - m);
 }
 
 // A sequence x of cu_seqlens is usable when it starts at or after 0 with cu_seqlens[0] == 0,

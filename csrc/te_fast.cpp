@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "checks.h"
@@ -45,14 +46,17 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // kAccumulateNote: elements are computed in fp32, row sums are accumulated in double (CPU and
 // CUDA alike). With fp32 inputs a sequential fp32 sum drifts by ~n ulp and would dominate the
-// error; the kernels are memory-bound, so the wider adds cost nothing measurable.
+// error; the kernels are memory-bound, so the wider adds cost nothing measurable. For fp32 data
+// the exp argument is formed in double as well (te_fast_rules::exp_shifted).
 
 template <typename T>
 void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T* y,
                       const RowGeometry& g, float scale, int mode) {
+  constexpr bool kWide = std::is_same<T, float>::value;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(g.sk, 1));
   at::parallel_for(0, g.rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> v(g.sk);
+    std::vector<float> v(g.sk);     // raw x, then exp(scale * x - max)
+    std::vector<uint8_t> on(g.sk);     // column kept
     for (int64_t row = begin; row < end; ++row) {
       const int64_t i = row % g.sq;
       const int64_t limit = kept_prefix(mode, i, g.sq, g.sk);
@@ -62,13 +66,14 @@ void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T
                           : nullptr;
       float mx = kNegInf;
       for (int64_t j = 0; j < g.sk; ++j) {
-        const bool keep = j < limit && (m == nullptr || !m[j]);
-        v[j] = keep ? static_cast<float>(xr[j]) * scale : kNegInf;
-        mx = std::fmax(mx, v[j]);
+        on[j] = j < limit && (m == nullptr || !m[j]);
+        v[j] = static_cast<float>(xr[j]);
+        if (on[j]) mx = std::fmax(mx, v[j] * scale);
       }
       double sum = 0.0;  // see kAccumulateNote
       for (int64_t j = 0; j < g.sk; ++j) {
-        v[j] = v[j] == kNegInf ? 0.f : std::exp(v[j] - mx);
+        const bool live = on[j] && v[j] * scale != kNegInf;  // a -inf score counts as masked
+        v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale, mx) : 0.f;
         sum += v[j];
       }
       const double inv = sum == 0.0 ? 0.0 : 1.0 / sum;  // fully masked row -> 0

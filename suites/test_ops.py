@@ -20,7 +20,11 @@ from suites.op_cases import (
 )
 from te_fast import ops as fast
 
-ROW_LENGTHS = (1, 7, 16, 17, 128, 1000, 4096, 16384, 20000)
+# The issue's lengths, plus one per CUDA kernel width and access path that they miss: 40 (2 per
+# lane, paired loads), 256 (8 per lane, 16-byte loads), 500 (16 per lane; one element at a time
+# for 16-bit dtypes, 500 % 8 != 0), 1023 (the last warp width, one at a time), 4099 (the block
+# path one at a time). 1000, 4096, 16384 and 20000 take 16-byte loads.
+ROW_LENGTHS = (1, 7, 16, 17, 40, 128, 256, 500, 1000, 1023, 4096, 4099, 16384, 20000)
 SQUARE_MAX = {"cpu": 1000, "cuda": 4096}  # longest square [ab, s, s] upper-triangular case
 SCALE = 0.7
 
@@ -165,6 +169,43 @@ def test_strided_inputs_match_contiguous(device_name, sk):
         ),
     ):
         assert got.is_contiguous() and torch.equal(got, want)
+
+
+def _misaligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a contiguous view that starts one element into its buffer."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buf[1:].view(t.shape)
+    view.copy_(t)
+    assert view.storage_offset() == 1 and view.is_contiguous()
+    return view
+
+
+@pytest.mark.parametrize("sk", (40, 128, 1000, 4096), ids=lambda n: f"sk{n}")
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("dtype_name", SOFTMAX_DTYPES)
+def test_softmax_misaligned_views(dtype_name, device_name, sk):
+    """Tensors that start mid-vector (storage offset 1) take the one-element path: same accuracy.
+
+    The row lengths are ones whose aligned tensors the CUDA kernels read in wide vectors.
+    """
+    _record("scaled_softmax", dtype_name, device_name, "misaligned")
+    device = devices.require(device_name)
+    dtype = DTYPES[dtype_name]
+    op = SOFTMAX_OPS["scaled_softmax"]
+    x = random_data((1, 3, 5, sk), dtype, device, 2.0)
+    dy = random_data((1, 3, 5, sk), dtype, device)
+    record.case(shapes={"x": list(x.shape)})
+    y = fast.scaled_softmax(_misaligned_copy(x), SCALE)
+    dx = fast.scaled_softmax_bwd(_misaligned_copy(dy), _misaligned_copy(y), SCALE)
+
+    refs = {}
+    for compute in (torch.float64, dtype):
+        xr = x.to(compute).requires_grad_()
+        yr = op.ref(xr, SCALE, compute_dtype=compute)
+        yr.backward(dy.to(compute))
+        refs[compute] = (yr, xr.grad)
+    check_ratio("y", y, refs[torch.float64][0], refs[dtype][0], K_FORWARD)
+    check_ratio("dx", dx, refs[torch.float64][1], refs[dtype][1], K_BACKWARD)
 
 
 # ----------------------------------------------------------------------------- conversions
