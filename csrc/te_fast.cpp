@@ -55,8 +55,8 @@ void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T
   constexpr bool kWide = std::is_same<T, float>::value;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(g.sk, 1));
   at::parallel_for(0, g.rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> v(g.sk);     // raw x, then exp(scale * x - max)
-    std::vector<uint8_t> on(g.sk);     // column kept
+    std::vector<float> v(g.sk);   // raw x, then exp(scale * x - max)
+    std::vector<uint8_t> on(g.sk);  // column kept
     for (int64_t row = begin; row < end; ++row) {
       const int64_t i = row % g.sq;
       const int64_t limit = kept_prefix(mode, i, g.sq, g.sk);
