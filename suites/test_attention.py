@@ -41,20 +41,12 @@ def _params(config, matrix: str):
 
 
 def pytest_generate_tests(metafunc):
-    matrix = getattr(metafunc.function, "matrix", None)
+    matrix = metafunc.definition.get_closest_marker("matrix")
     if matrix is not None:
-        metafunc.parametrize("adapter,case", _params(metafunc.config, matrix))
+        metafunc.parametrize("adapter,case", _params(metafunc.config, *matrix.args))
 
 
-def _matrix(name):
-    def mark(fn):
-        fn.matrix = name
-        return fn
-
-    return mark
-
-
-@_matrix("core")
+@pytest.mark.matrix("core")
 def test_core(adapter, case):
     """Contract layouts x dtypes x {no_mask, causal, padding_causal, causal_bottom_right} x
     {MHA, GQA}; GQA on a qkv-packed layout is inexpressible and skips with that reason."""
@@ -64,19 +56,19 @@ def test_core(adapter, case):
     check_case(adapter, case)
 
 
-@_matrix("broad")
+@pytest.mark.matrix("broad")
 def test_broad(adapter, case):
     """A deterministic sample over every layout, mask, bias, softmax type, window and shape."""
     check_case(adapter, case)
 
 
-@_matrix("thd_inference")
+@pytest.mark.matrix("thd_inference")
 def test_thd_inference(adapter, case):
     """q in thd with a kv cache in bshd/sbhd longer than its filled lengths."""
     check_case(adapter, case)
 
 
-@_matrix("varlen")
+@pytest.mark.matrix("varlen")
 def test_varlen(adapter, case):
     """Ragged batches: random, zero-length, one full sequence, tokens past cu_seqlens_q[-1]."""
     check_case(adapter, case)
