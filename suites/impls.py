@@ -1,16 +1,28 @@
 """Implementation adapters: what each one supports (as data) and how to call it.
 
-Add an implementation by subclassing Adapter, declaring what it supports, and listing it in
-ADAPTERS; the suites generate their parametrization from these declarations and skip the rest
-with the reasons `not_supported_reasons` gives. `--impl NAME` selects adapters.
+Add an implementation by subclassing Adapter, declaring what it supports and which CAPABILITIES
+it has, and listing it in ADAPTERS; the suites generate their parametrization from these
+declarations and skip the rest with the reasons `not_supported_reasons` and `lacks` give.
+`--impl NAME` selects adapters.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from suites.cases import AttnCase
 from te_ref.layouts import ATTN_MASK_TYPES, LAYOUTS
+
+# What an implementation can do beyond computing a case (each a flag on Adapter). A test that
+# needs one runs through every selected adapter and skips, with the adapter's reason, where the
+# flag is False.
+CAPABILITIES = {
+    "dropout": "attention dropout in training mode, SPEC §2.6",
+    "validates_arguments": "TE's argument checks, a ValueError naming the problem",
+    "capturable": "CUDA-graph capture: torch.compile mode='reduce-overhead', cudagraphs backend",
+    "sync_free": "no host synchronisation in the non-FP8 forward and backward, SPEC §3",
+}
 
 
 class Adapter:
@@ -26,7 +38,21 @@ class Adapter:
     supports_fp8 = False
     supports_max_logit = True
     supports_window = True
+    dropout = False
+    validates_arguments = False
+    capturable = False
+    sync_free = False
+    why_not: dict[str, str] = {}  # capability -> why this adapter lacks it (the skip reason)
     default = True  # selected when no --impl is given
+
+    def lacks(self, capability: str) -> str | None:
+        """Why the adapter cannot run a test that needs ``capability`` (None when it can)."""
+        if capability not in CAPABILITIES:
+            raise ValueError(f"unknown capability {capability!r}; known: {sorted(CAPABILITIES)}")
+        if getattr(self, capability):
+            return None
+        why = self.why_not.get(capability, "not declared by the adapter")
+        return f"{self.name} lacks {capability} ({CAPABILITIES[capability]}): {why}"
 
     def not_supported_reasons(self, case: AttnCase) -> list[str]:
         """Why this adapter cannot run the case (empty when it can)."""
@@ -51,8 +77,9 @@ class Adapter:
         """Why the adapter cannot run on this machine right now (checked at run time)."""
         return None
 
-    def build(self, case: AttnCase, scale: float) -> torch.nn.Module:
-        """A module computing the case's attention (what the compile suite compiles)."""
+    def build(self, case: AttnCase, scale: float, dropout: float = 0.0) -> torch.nn.Module:
+        """A module computing the case's attention (what the compile suite compiles); ``dropout``
+        is the attention dropout probability in training mode (adapters with ``dropout`` only)."""
         raise NotImplementedError
 
     def call(self, module, case: AttnCase, q, k, v, kwargs: dict):
@@ -70,18 +97,20 @@ class TeFast(Adapter):
     """te_fast.UnfusedDotProductAttention, eager."""
 
     name = "te_fast"
+    dropout = validates_arguments = capturable = sync_free = True
 
     def unavailable_reason(self, device):
         import te_fast
 
         return te_fast.device_unavailable_reason(device)
 
-    def build(self, case, scale):
+    def build(self, case, scale, dropout=0.0):
         from te_fast import UnfusedDotProductAttention
 
         return UnfusedDotProductAttention(
             scale,
             attention_type=case.attention_type,
+            attention_dropout=dropout,
             softmax_type=case.softmax_type,
             return_max_logit=case.return_max_logit,
             num_attention_heads=case.h if case.offset_via == "param" else None,
@@ -110,6 +139,14 @@ class TorchSdpa(Adapter):
     softmax_types = ("vanilla",)
     supports_max_logit = False
     supports_window = False
+    # claimed (torch's sdpa kernels are widely run under CUDA graphs); a GPU run with
+    # --impl torch.sdpa checks it
+    capturable = sync_free = True
+    why_not = {
+        "dropout": "the adapter does not pass dropout_p to scaled_dot_product_attention",
+        "validates_arguments": "it takes no qkv_layout, cu_seqlens, bias or window arguments to "
+        "check: the adapter translates valid cases only",
+    }
     default = False
 
     def not_supported_reasons(self, case):
@@ -118,7 +155,9 @@ class TorchSdpa(Adapter):
             reasons.append("torch.sdpa is_causal is top-left only for square problems here")
         return reasons
 
-    def build(self, case, scale):
+    def build(self, case, scale, dropout=0.0):
+        if dropout:
+            raise NotImplementedError(self.lacks("dropout"))
         return _Sdpa(case, scale)
 
 
@@ -156,7 +195,35 @@ def selected(config, pool: dict[str, Adapter] | None = None) -> list[Adapter]:
         return [a for a in pool.values() if a.default]
     unknown = [n for n in names if n not in pool]
     if unknown:
-        import pytest
-
         raise pytest.UsageError(f"--impl {unknown}: unknown; known adapters: {sorted(pool)}")
     return [pool[n] for n in names]
+
+
+def require(adapter: Adapter, capability: str) -> None:
+    """Skip the running test, with the adapter's reason, unless it has ``capability``."""
+    reason = adapter.lacks(capability)
+    if reason:
+        pytest.skip(reason)
+
+
+# The tests that need a capability ran on te_fast alone before adapters declared capabilities;
+# te_fast keeps their ids (no adapter name) so that reports still compare with older baselines.
+UNNAMED_IN_IDS = "te_fast"
+
+
+def parametrize_per_adapter(metafunc, axes: dict) -> None:
+    """Parametrize over ``axes`` (argname -> values, in id order, as stacked parametrize
+    decorators would) and over the selected adapters (argument ``adapter``), which join the last
+    axis: its id is bare for te_fast and gains ``-<adapter name>`` for any other adapter."""
+    *leading, (last, values) = axes.items()
+    for argname, argvalues in leading:
+        metafunc.parametrize(argname, argvalues)
+    params = []
+    for adapter in selected(metafunc.config):
+        suffix = "" if adapter.name == UNNAMED_IN_IDS else f"-{adapter.name}"
+        for value in values:
+            if not hasattr(value, "marks"):  # a plain value, not a pytest.param
+                value = pytest.param(value, id=str(value))
+            base = value.id if value.id is not None else str(value.values[0])
+            params.append(pytest.param(adapter, *value.values, id=base + suffix, marks=value.marks))
+    metafunc.parametrize(f"adapter,{last}", params)

@@ -1,0 +1,33 @@
+"""Broken and dishonest adapters, registered as a pytest plugin (`-p selftest_adapters`), that the
+capability tests must catch; tests/test_adapters.py runs the suites on them in a child pytest."""
+
+from suites import impls
+
+
+class IgnoresDropout(impls.TeFast):
+    """Declares dropout but never applies it."""
+
+    name = "selftest.ignores_dropout"
+
+    def build(self, case, scale, dropout=0.0):
+        return super().build(case, scale, 0.0)
+
+
+class FixedDropout(impls.TeFast):
+    """Applies dropout 0.3 whatever it is asked for (also at p = 0)."""
+
+    name = "selftest.fixed_dropout"
+
+    def build(self, case, scale, dropout=0.0):
+        return super().build(case, scale, 0.3)
+
+
+class ClaimsValidation(impls.TorchSdpa):
+    """torch.sdpa claiming TE's argument checks, which it does not have."""
+
+    name = "selftest.claims_validation"
+    validates_arguments = True
+
+
+for adapter in (IgnoresDropout(), FixedDropout(), ClaimsValidation()):
+    impls.ADAPTERS[adapter.name] = adapter

@@ -1,0 +1,107 @@
+"""Adapter capabilities: the declarations, and the capability tests run through every selected
+adapter (te_fast keeping its ids), catching adapters that break or overstate a capability."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reports.model import load_report
+from suites.impls import ADAPTERS, CAPABILITIES
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "adapter_fixtures"
+PROBLEMS = (
+    "unknown_layout", "unknown_mask", "heads", "cu_dtype", "cu_shape", "thd_max_seqlen",
+    "bias_missing", "window_conflict", "padding_no_lengths", "bias_shape",
+    "learnable_without_offset",
+)  # fmt: skip
+
+
+def test_te_fast_declares_every_capability():
+    assert {c: ADAPTERS["te_fast"].lacks(c) for c in CAPABILITIES} == dict.fromkeys(CAPABILITIES)
+
+
+def test_sdpa_lacks_dropout_and_validation_with_reasons():
+    sdpa = ADAPTERS["torch.sdpa"]
+    assert sdpa.lacks("capturable") is None and sdpa.lacks("sync_free") is None
+    assert "does not pass dropout_p" in sdpa.lacks("dropout")
+    assert sdpa.lacks("validates_arguments").startswith("torch.sdpa lacks validates_arguments")
+
+
+def test_unknown_capability_is_an_error():
+    with pytest.raises(ValueError, match="unknown capability 'dropuot'"):
+        ADAPTERS["te_fast"].lacks("dropuot")
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, tuple[str, str | None]]:
+    """nodeid -> (outcome, skip reason) of the capability tests over te_fast, torch.sdpa and the
+    selftest adapters on the CPU, in a child pytest."""
+    out = tmp_path_factory.mktemp("adapters") / "report.json"
+    impls = ["te_fast", "torch.sdpa", "selftest.ignores_dropout", "selftest.fixed_dropout",
+             "selftest.claims_validation"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), str(FIXTURES), env.get("PYTHONPATH")])
+    )
+    cmd = [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+        "-p", "selftest_adapters", "-q", "--te-report", str(out),
+        *[a for name in impls for a in ("--impl", name)],
+        "-k", "(test_dropout or test_invalid_arguments) and cpu", "suites/test_attention.py",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    return {c["nodeid"]: (c["outcome"], c["skip_reason"]) for c in load_report(out)["cases"]}
+
+
+def _attn(name: str) -> str:
+    return f"suites/test_attention.py::{name}"
+
+
+def _dropout_ids(suffix: str) -> dict[str, str]:
+    return {
+        "statistics[0.1]": _attn(f"test_dropout_statistics[0.1-cpu{suffix}]"),
+        "statistics[0.3]": _attn(f"test_dropout_statistics[0.3-cpu{suffix}]"),
+        "reproducible": _attn(f"test_dropout_reproducible_and_backward_consistent[cpu{suffix}]"),
+        "zero": _attn(f"test_dropout_zero_is_identity[cpu{suffix}]"),
+    }
+
+
+def test_te_fast_keeps_its_ids_and_passes(outcomes):
+    ids = [
+        *_dropout_ids("").values(),
+        *(_attn(f"test_invalid_arguments[{p}-cpu]") for p in PROBLEMS),
+    ]
+    assert {i: outcomes.get(i, ("missing",))[0] for i in ids} == dict.fromkeys(ids, "passed")
+
+
+def test_sdpa_skips_with_its_reasons(outcomes):
+    for nodeid in _dropout_ids("-torch.sdpa").values():
+        outcome, reason = outcomes[nodeid]
+        assert outcome == "skipped" and reason.startswith("torch.sdpa lacks dropout"), nodeid
+    for problem in PROBLEMS:
+        outcome, reason = outcomes[_attn(f"test_invalid_arguments[{problem}-cpu-torch.sdpa]")]
+        assert outcome == "skipped" and "lacks validates_arguments" in reason, problem
+
+
+def test_dropout_tests_catch_broken_dropout(outcomes):
+    ignores = {k: outcomes[i][0] for k, i in _dropout_ids("-selftest.ignores_dropout").items()}
+    assert ignores == {"statistics[0.1]": "failed", "statistics[0.3]": "failed",
+                       "reproducible": "failed", "zero": "passed"}  # fmt: skip
+    fixed = {k: outcomes[i][0] for k, i in _dropout_ids("-selftest.fixed_dropout").items()}
+    assert fixed == {"statistics[0.1]": "failed", "statistics[0.3]": "passed",
+                     "reproducible": "passed", "zero": "failed"}  # fmt: skip
+
+
+def test_invalid_argument_test_catches_an_adapter_that_does_not_validate(outcomes):
+    got = {
+        p: outcomes[_attn(f"test_invalid_arguments[{p}-cpu-selftest.claims_validation]")][0]
+        for p in PROBLEMS
+    }
+    assert got == dict.fromkeys(PROBLEMS, "failed")
