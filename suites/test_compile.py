@@ -21,7 +21,7 @@ from reports import record
 from suites import contracts, devices
 from suites.attention_check import judge_against_reference, prepare, run_impl
 from suites.cases import AttnCase, make_inputs, sized
-from suites.impls import ADAPTERS, selected
+from suites.impls import ADAPTERS, parametrize_per_adapter, require, selected
 from suites.numerics import assert_bitwise_equal
 from te_ref.layouts import CONTRACT_LAYOUTS, LAYOUTS
 
@@ -84,7 +84,7 @@ def _cases() -> list[tuple[str, AttnCase]]:
 
 def _params(config):
     params = []
-    for adapter in selected(config, {n: a for n, a in ADAPTERS.items()}):
+    for adapter in selected(config):
         for variant, case in _cases():
             marks = [pytest.mark.gpu] if case.device == "cuda" else []
             params.append(
@@ -98,6 +98,9 @@ def _params(config):
 def pytest_generate_tests(metafunc):
     if {"adapter", "variant", "case"} <= set(metafunc.fixturenames):
         metafunc.parametrize("adapter,variant,case", _params(metafunc.config))
+    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
+    if per_adapter is not None:
+        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 def _compile(module, variant, **extra):
@@ -109,9 +112,17 @@ def _uses_cudagraphs(variant: str) -> bool:
     return VARIANTS[variant][0] == "cuda"
 
 
+def _require_capture(adapter, variant: str, case: AttnCase, impl: str) -> None:
+    """Skip a CUDA-graph variant, with the adapter's reason, unless the adapter is capturable."""
+    if _uses_cudagraphs(variant):
+        record.case(impl=impl, **case.fields())
+        require(adapter, "capturable")
+
+
 def test_compiled(adapter, variant, case):
     """fullgraph compile, >= 3 iterations of fresh inputs, each vs eager and vs te_ref; then no
     graph breaks, no CUDA-graph skips, no recompiles, and graphs replayed for fwd and bwd."""
+    _require_capture(adapter, variant, case, f"{adapter.name}.{variant}")
     _, base = prepare(adapter, case, f"{adapter.name}.{variant}")
     contracts.reset_compile_state()
     module = adapter.build(case, case.d**-0.5)
@@ -153,16 +164,18 @@ def test_compiled(adapter, variant, case):
         contracts.assert_graphs_replayed(launches)
 
 
-@pytest.mark.parametrize("device_name", devices.device_params())
-@pytest.mark.parametrize("layout", ("bshd_bshd_bshd", "thd_thd_thd", "sbh3d"))
-def test_dynamic_shapes(layout, device_name):
+@pytest.mark.per_adapter(
+    layout=("bshd_bshd_bshd", "thd_thd_thd", "sbh3d"), device_name=devices.device_params()
+)
+def test_dynamic_shapes(adapter, layout, device_name):
     """dynamic=True over five sequence lengths: correct every time, at most
     DYNAMIC_COMPILE_BOUND compiled graphs (a static compile would need five)."""
-    adapter = ADAPTERS["te_fast"]
     variant = "cudagraph" if device_name == "cuda" else "aot_eager"
     dtype = "bf16" if device_name == "cuda" else "fp32"
     base = sized(AttnCase(layout, dtype, "padding_causal", device=device_name))
-    _, _ = prepare(adapter, base, f"te_fast.{variant}.dynamic")
+    impl = f"{adapter.name}.{variant}.dynamic"
+    _require_capture(adapter, variant, base, impl)
+    _, _ = prepare(adapter, base, impl)
     contracts.reset_compile_state()
     module = adapter.build(base, base.d**-0.5)
     compiled = _compile(module, variant, dynamic=True)
@@ -182,7 +195,8 @@ def test_dynamic_shapes(layout, device_name):
 
 @pytest.mark.gpu
 def test_replays_leave_memory_flat():
-    """100 replays of forward and backward leave torch.cuda.memory_allocated() unchanged."""
+    """100 replays of forward and backward leave torch.cuda.memory_allocated() unchanged
+    (te_fast's own contract: the test has no adapter axis)."""
     adapter = ADAPTERS["te_fast"]
     case = sized(AttnCase("bshd_bshd_bshd", "bf16", "causal"))
     _, base = prepare(adapter, case, "te_fast.cudagraph")

@@ -44,7 +44,7 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[str, str | None]]:
     selftest adapters on the CPU, in a child pytest."""
     out = tmp_path_factory.mktemp("adapters") / "report.json"
     impls = ["te_fast", "torch.sdpa", "selftest.ignores_dropout", "selftest.fixed_dropout",
-             "selftest.claims_validation"]  # fmt: skip
+             "selftest.claims_validation", "selftest.uncapturable"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), str(FIXTURES), env.get("PYTHONPATH")])
@@ -53,7 +53,9 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[str, str | None]]:
         sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
         "-p", "selftest_adapters", "-q", "--te-report", str(out),
         *[a for name in impls for a in ("--impl", name)],
-        "-k", "(test_dropout or test_invalid_arguments) and cpu", "suites/test_attention.py",
+        "-k", "(test_dropout or test_invalid_arguments) and cpu "
+        "or test_compiled and cudagraph and selftest.uncapturable",
+        "suites/test_attention.py", "suites/test_compile.py",
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
@@ -105,3 +107,14 @@ def test_invalid_argument_test_catches_an_adapter_that_does_not_validate(outcome
         for p in PROBLEMS
     }
     assert got == dict.fromkeys(PROBLEMS, "failed")
+
+
+def test_cuda_graph_variants_skip_an_uncapturable_adapter(outcomes):
+    compiled = {i: o for i, o in outcomes.items() if i.startswith("suites/test_compile.py")}
+    assert len(compiled) >= 26  # the CUDA-graph variants of the compile matrix
+    for nodeid, (outcome, reason) in compiled.items():
+        assert nodeid.endswith(("selftest.uncapturable.cudagraph]", "cudagraphs_backend]"))
+        assert outcome == "skipped" and reason == (
+            "selftest.uncapturable lacks capturable (CUDA-graph capture: torch.compile "
+            "mode='reduce-overhead', cudagraphs backend): declared so by the selftest"
+        ), nodeid

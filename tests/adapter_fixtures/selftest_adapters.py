@@ -29,5 +29,13 @@ class ClaimsValidation(impls.TorchSdpa):
     validates_arguments = True
 
 
-for adapter in (IgnoresDropout(), FixedDropout(), ClaimsValidation()):
+class Uncapturable(impls.TeFast):
+    """te_fast declared without CUDA-graph capture: its reduce-overhead cases must skip."""
+
+    name = "selftest.uncapturable"
+    capturable = False
+    why_not = {"capturable": "declared so by the selftest"}
+
+
+for adapter in (IgnoresDropout(), FixedDropout(), ClaimsValidation(), Uncapturable()):
     impls.ADAPTERS[adapter.name] = adapter
