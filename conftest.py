@@ -7,17 +7,20 @@ import pytest
 import torch
 
 from suites import pinning
+from suites.impls import ADAPTERS
 
 pytest_plugins = ["reports.plugin"]
 
 
 def pytest_addoption(parser):
+    default = [name for name, adapter in ADAPTERS.items() if adapter.default]
     parser.addoption(
         "--impl",
         action="append",
         default=None,
-        help="run the attention/compile suites only for these adapters (repeatable), "
-        "e.g. --impl te_fast --impl te_fast.compiled; default: every registered adapter",
+        metavar="NAME",
+        help="run the attention and compile suites for this adapter (repeatable); "
+        f"adapters: {', '.join(ADAPTERS)} (suites/impls.py); default: {', '.join(default)}",
     )
 
 

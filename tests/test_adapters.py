@@ -38,6 +38,20 @@ def test_unknown_capability_is_an_error():
         ADAPTERS["te_fast"].lacks("dropuot")
 
 
+def test_impl_help_names_the_registered_adapters():
+    import conftest
+
+    options = {}
+
+    class Parser:
+        def addoption(self, name, **kwargs):
+            options[name] = kwargs
+
+    conftest.pytest_addoption(Parser())
+    text = options["--impl"]["help"]
+    assert all(name in text for name in ADAPTERS) and "default: te_fast" in text, text
+
+
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, tuple[str, str | None]]:
     """nodeid -> (outcome, skip reason) of the capability tests over te_fast, torch.sdpa and the
