@@ -21,6 +21,7 @@ from reports.compare import (
 from reports.merge import inconsistencies, merge_reports
 from reports.model import ReportError, failures, load_report, write_report
 from reports.render import render, summary_line
+from reports.verdict import Verdict
 
 BASELINE_DIR = Path("reports/baseline")
 
@@ -247,40 +248,28 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
             )
     updated = args.update_baseline and _update_baseline(report, baseline, args.force)
 
-    failing = len(failures(report))
-    regressed = bool(result and result.regressions and not updated)
-    refused = args.update_baseline and not updated
-    no_gate = bool(base_problem) and not args.no_compare and not updated
-    reasons = [
-        msg
-        for cond, msg in (
-            (failing, f"{failing} failing case(s)"),
-            (rc != 0 and not (rc == 1 and failing), f"pytest exited with code {rc}"),
-            (regressed, f"{result.regressions if result else 0} regression(s) against {baseline}"),
-            (refused, "baseline not updated"),
-            (no_gate, "no usable baseline to compare with"),
-        )
-        if cond
-    ]
+    verdict = Verdict(
+        failing=len(failures(report)),
+        pytest_exit=rc,
+        regressions=result.regressions if result and not updated else 0,
+        baseline=str(baseline),
+        baseline_refused=args.update_baseline and not updated,
+        no_baseline=bool(base_problem) and not args.no_compare and not updated,
+    )
 
     print("\n" + "=" * 30 + " TE conformance verdict " + "=" * 30)
-    print("FAIL" if reasons else "PASS")
+    print("PASS" if verdict.passed else "FAIL")
     print(f"  {summary_line(report)}")
-    for reason in reasons:
+    for reason in verdict.reasons:
         print(f"  - {reason}")
-    for name, (title, gate) in CATEGORIES.items() if regressed else ():
+    for name, (title, gate) in CATEGORIES.items() if verdict.regressions else ():
         for nodeid, detail in result.items[name][:10] if gate else ():
             print(f"  REGRESSED ({title.split(' (')[0]}) {nodeid}: {detail}")
     if base_problem and not updated:
         print(base_problem)
     for label, path in (("report", md), ("html", page), ("junit", junit), ("json", report_path)):
         print(f"{label + ':':8}{path}")
-
-    if failing or regressed or refused or rc == 1:
-        return 1
-    if rc != 0:
-        return rc
-    return 2 if no_gate else 0
+    return verdict.exit_code
 
 
 def cmd_compare(args: argparse.Namespace, _: list[str]) -> int:

@@ -1,0 +1,48 @@
+"""The release verdict of one `python -m reports run`: PASS or FAIL, why, and the exit code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the gate looks at; PASS only when none of it went wrong."""
+
+    failing: int = 0  # cases that failed or errored
+    pytest_exit: int = 0  # pytest's exit code
+    regressions: int = 0  # against the baseline; 0 when this run became the baseline
+    baseline: str = ""  # the baseline's path, for the reasons
+    baseline_refused: bool = False  # --update-baseline was asked for and refused
+    no_baseline: bool = False  # a comparison was wanted, but there is no usable baseline
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the verdict is FAIL, one line each (empty for PASS)."""
+        # pytest exits 1 exactly when tests failed: the failing count says it better
+        pytest_failed = self.pytest_exit != 0 and not (self.pytest_exit == 1 and self.failing)
+        return [
+            message
+            for wrong, message in (
+                (self.failing, f"{self.failing} failing case(s)"),
+                (pytest_failed, f"pytest exited with code {self.pytest_exit}"),
+                (self.regressions, f"{self.regressions} regression(s) against {self.baseline}"),
+                (self.baseline_refused, "baseline not updated"),
+                (self.no_baseline, "no usable baseline to compare with"),
+            )
+            if wrong
+        ]
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    @property
+    def exit_code(self) -> int:
+        """0 pass; 1 failing cases, regressions or a refused update; else pytest's own code
+        (1, interrupted, usage error, no tests); 2 without a usable baseline."""
+        if self.failing or self.regressions or self.baseline_refused:
+            return 1
+        if self.pytest_exit != 0:
+            return self.pytest_exit
+        return 2 if self.no_baseline else 0

@@ -1,0 +1,57 @@
+"""The release verdict: every input alone and the combinations where the rules interact."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from reports.verdict import Verdict
+
+BASE = "reports/baseline/cpu.json"
+
+CASES = {
+    # name: (inputs, exit code, reasons)
+    "all_clear": ({}, 0, []),
+    "failing_cases": (dict(failing=3, pytest_exit=1), 1, ["3 failing case(s)"]),
+    "pytest_1_without_failing_cases": (dict(pytest_exit=1), 1, ["pytest exited with code 1"]),
+    "interrupted": (dict(pytest_exit=2), 2, ["pytest exited with code 2"]),
+    "no_tests_ran": (dict(pytest_exit=5), 5, ["pytest exited with code 5"]),
+    "interrupted_after_failures": (
+        dict(failing=1, pytest_exit=2), 1, ["1 failing case(s)", "pytest exited with code 2"],
+    ),
+    "regressions": (dict(regressions=2), 1, [f"2 regression(s) against {BASE}"]),
+    "refused_update": (dict(baseline_refused=True), 1, ["baseline not updated"]),
+    "no_baseline": (dict(no_baseline=True), 2, ["no usable baseline to compare with"]),
+    "no_baseline_and_failing": (
+        dict(failing=1, pytest_exit=1, no_baseline=True), 1,
+        ["1 failing case(s)", "no usable baseline to compare with"],
+    ),
+    "no_baseline_and_no_tests": (
+        dict(pytest_exit=5, no_baseline=True), 5,
+        ["pytest exited with code 5", "no usable baseline to compare with"],
+    ),
+    "everything": (
+        dict(failing=1, pytest_exit=1, regressions=4, baseline_refused=True, no_baseline=True), 1,
+        ["1 failing case(s)", f"4 regression(s) against {BASE}", "baseline not updated",
+         "no usable baseline to compare with"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_verdict(name):
+    inputs, exit_code, reasons = CASES[name]
+    verdict = Verdict(baseline=BASE, **inputs)
+    assert (verdict.passed, verdict.exit_code, verdict.reasons) == (not reasons, exit_code, reasons)
+
+
+def test_passes_only_with_exit_code_0():
+    for inputs, _, _ in CASES.values():
+        verdict = Verdict(**inputs)
+        assert verdict.passed == (verdict.exit_code == 0), inputs
+
+
+def test_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Verdict().failing = 1
