@@ -212,6 +212,30 @@ def tables(report: dict) -> list[Table]:
     return out
 
 
+@dataclass
+class Failure:
+    """One failing case as both renderers show it."""
+
+    nodeid: str
+    outcome: str
+    message: str  # stripped, at most 1000 characters, "-" when there is none
+    traceback: str | None  # the whole longrepr, for the first TRACEBACKS_N failures only
+
+
+def failure_entries(report: dict) -> list[Failure]:
+    """The failed and errored cases in report order."""
+    fails = [c for c in report["cases"] if c["outcome"] in FAILING]
+    return [
+        Failure(
+            nodeid=c["nodeid"],
+            outcome=c["outcome"],
+            message=(c.get("message") or "-").strip()[:1000],
+            traceback=c.get("longrepr") if i < TRACEBACKS_N else None,
+        )
+        for i, c in enumerate(fails)
+    ]
+
+
 def _tail(text: str, lines: int = 30, chars: int = 2000) -> str:
     """The end of a traceback, where the assertion is."""
     text = text.strip("\n")
@@ -243,19 +267,18 @@ def render_markdown(report: dict, comparison: str | None = None) -> str:
         lines += ["## Comparison with the baseline", "", "```", comparison, "```", ""]
     for t in tables(report):
         lines += _md_table(t)
-    fails = [c for c in report["cases"] if c["outcome"] in FAILING]
+    fails = failure_entries(report)
     if fails:
         lines += [f"## Failures ({len(fails)})", ""]
-        for i, c in enumerate(fails):
-            message = (c.get("message") or "-").strip()
-            lines += [f"### `{c['nodeid']}` ({c['outcome']})", "", "```", message[:1000], "```"]
-            if i < TRACEBACKS_N and c.get("longrepr"):
+        for f in fails:
+            lines += [f"### `{f.nodeid}` ({f.outcome})", "", "```", f.message, "```"]
+            if f.traceback:
                 lines += [
                     "",
                     "<details><summary>traceback</summary>",
                     "",
                     "```",
-                    _tail(c["longrepr"]),
+                    _tail(f.traceback),  # the end, where the assertion is
                     "```",
                     "",
                     "</details>",
@@ -458,17 +481,14 @@ def render_html(report: dict, comparison: str | None = None) -> str:
     parts += [f'<p class="warn">{e(n)}</p>' for n in notes]
     parts += [f'<img alt="{e(title)}" src="data:image/png;base64,{png}">' for title, png in images]
     parts += [_html_table(t) for t in all_tables[2:]]
-    fails = [c for c in report["cases"] if c["outcome"] in FAILING]
+    fails = failure_entries(report)
     if fails:
         parts.append(f"<h2>Failures ({len(fails)})</h2>")
-        for i, c in enumerate(fails):
-            parts.append(
-                f"<h3>{e(c['nodeid'])} ({e(c['outcome'])})</h3>"
-                f"<pre>{e((c.get('message') or '-').strip()[:1000])}</pre>"
-            )
-            if i < TRACEBACKS_N and c.get("longrepr"):
+        for f in fails:
+            parts.append(f"<h3>{e(f.nodeid)} ({e(f.outcome)})</h3><pre>{e(f.message)}</pre>")
+            if f.traceback:
                 parts.append(
-                    f"<details><summary>traceback</summary><pre>{e(c['longrepr'])}</pre></details>"
+                    f"<details><summary>traceback</summary><pre>{e(f.traceback)}</pre></details>"
                 )
     parts.append("</body></html>")
     return "\n".join(parts)
