@@ -8,6 +8,7 @@ import shlex
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,7 +26,8 @@ examples:
   python -m benchmarks compare NEW.json OLD.json        flag ratios that fell by more than 10%
 
 exit codes: 0 ok; 1 a result is WRONG or a case raised (ERROR); 2 cannot run here
-            (no CUDA, te_fast or triton unavailable); 3 a CUDA error stopped the run.
+            (no CUDA, te_fast or triton unavailable); 3 a CUDA error or a harness
+            crash stopped the run (what was measured is still written).
 """
 
 
@@ -178,7 +180,7 @@ def result_of(r: Runner, env: dict, argv: list[str], sections_s: dict, state: st
     return {
         "schema": report.SCHEMA,
         "smoke": r.plan.smoke,
-        "state": state,  # complete | partial (written after each section) | stopped (CUDA error)
+        "state": state,  # complete | partial (after each section) | stopped (CUDA error) | crashed
         "env": env,
         "command": "python -m benchmarks " + shlex.join(argv),
         "plan": asdict(r.plan),
@@ -192,12 +194,26 @@ def result_of(r: Runner, env: dict, argv: list[str], sections_s: dict, state: st
     }
 
 
+def _run_sections(r: Runner, steps, env: dict, argv: list[str], sections_s: dict, out: Path):
+    for name, fn in steps:
+        if name != "ceiling" and name not in r.plan.sections:
+            continue
+        t0 = time.perf_counter()
+        fn(r)
+        sections_s[name] = round(time.perf_counter() - t0, 1)
+        if not r.plan.smoke:
+            print(
+                f"== {name} done in {sections_s[name]:.0f} s (total {r.elapsed():.0f} s)",
+                flush=True,
+            )
+        report.write_json(result_of(r, env, argv, sections_s, "partial"), out)
+
+
 def run(plan: Plan, device: torch.device, out: Path, argv: list[str]) -> int:
     from benchmarks import module_bench, ops_bench
 
     r = Runner(plan, device)
     env = report.environment(device)
-    peers.configure_dynamo()
     steps = [
         ("ceiling", ops_bench.run_ceiling),
         ("softmax", ops_bench.run_softmax),
@@ -209,22 +225,16 @@ def run(plan: Plan, device: torch.device, out: Path, argv: list[str]) -> int:
     sections_s: dict[str, float] = {}
     state, code = "complete", 0
     try:
-        for name, fn in steps:
-            if name != "ceiling" and name not in plan.sections:
-                continue
-            t0 = time.perf_counter()
-            fn(r)
-            sections_s[name] = round(time.perf_counter() - t0, 1)
-            if not plan.smoke:
-                print(
-                    f"== {name} done in {sections_s[name]:.0f} s (total {r.elapsed():.0f} s)",
-                    flush=True,
-                )
-            report.write_json(result_of(r, env, argv, sections_s, "partial"), out)
+        with peers.dynamo_settings():
+            _run_sections(r, steps, env, argv, sections_s, out)
     except Fatal as exc:
         print(f"!!! STOPPED: {exc}", flush=True)
         print(f"!!! STOPPED: {exc}", file=sys.stderr, flush=True)
         state, code = "stopped", 3
+    except Exception:  # noqa: BLE001 - a harness bug: say so, and keep what was measured
+        traceback.print_exc()
+        print("!!! CRASHED: the harness raised outside a case (traceback above)", flush=True)
+        state, code = "crashed", 3
     result = result_of(r, env, argv, sections_s, state)
     paths = report.write_all(result, out)
     rc = _finish(r, result, paths)

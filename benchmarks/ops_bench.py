@@ -233,7 +233,11 @@ def run_softmax(r: Runner) -> None:
             if r.expired():
                 r.skip(base_row("softmax", "all", dtype=dtype, sk=sk), "deadline passed")
                 continue
-            c = SoftmaxCase(r, dtype, sk)
+            c = None
+            with r.guard(base_row("softmax", "inputs", dtype=dtype, sk=sk)):
+                c = SoftmaxCase(r, dtype, sk)
+            if c is None:
+                continue
             for op in SOFTMAX_OPS:
                 te_fast_fwd(r, c, op)
             if "torch" in plan.peers:

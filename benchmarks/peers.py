@@ -74,17 +74,22 @@ def sdpa_backend(name: str):
 # ----------------------------------------------------------------------------- compile
 
 
-def configure_dynamo() -> None:
-    """Never fall back to eager silently: a hit recompile limit is an error, not a slow row."""
+def dynamo_settings():
+    """Never fall back to eager silently: a hit recompile limit is an error, not a slow row.
+
+    A context manager (config.patch), so an in-process run leaves dynamo as it found it.
+    """
     cfg = torch._dynamo.config
+    settings = {}
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, name):
-            setattr(cfg, name, 64)
+            settings[name] = 64
             break
     for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
         if hasattr(cfg, name):
-            setattr(cfg, name, True)
+            settings[name] = True
             break
+    return cfg.patch(**settings)
 
 
 def reset_compile_state() -> None:
