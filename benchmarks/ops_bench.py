@@ -50,8 +50,8 @@ def _masked_rows(masking: str, mask, bi: int, rows, sq: int, sk: int):
 
 
 def check_fwd(y4, x, mask, masking: str, scale: float) -> checks.Check:
-    """y4 (b, h, sq, sk) against softmax_ref on sample rows, then the whole tensor: finite, and
-    every row sums to 1 (or 0 when fully masked)."""
+    """y4 (b, h, sq, sk) against softmax_ref on sample rows, then the whole tensor: every row
+    sums to 1, or to 0 where it is fully masked (so NaN, zeroed or unnormalised rows show)."""
     b, h, sq, sk = x.shape
     bound = checks.OP_BOUND[x.dtype]
     err = 0.0
@@ -61,12 +61,21 @@ def check_fwd(y4, x, mask, masking: str, scale: float) -> checks.Check:
             x[bi, hi, rows], scale, _masked_rows(masking, mask, bi, rows, sq, sk)
         )
         err = max(err, checks.relative_error(y4[bi, hi, rows], ref))
-    sums = y4.sum(-1, dtype=torch.float32)
-    rows_ok = ((sums - 1).abs() <= bound) | (sums.abs() <= bound)
+    sums = y4.sum(-1, dtype=torch.float32)  # (b, h, sq)
+    rows_ok = (sums - _expected_sums(masking, mask, sq, sk, x.device)).abs() <= bound
     if not bool(rows_ok.all()):  # also catches NaN/inf anywhere
         bad = int((~rows_ok).sum())
-        return checks.Check(False, float("inf"), bound, where=f"{bad} row(s) do not sum to 1 or 0")
+        return checks.Check(False, float("inf"), bound, where=f"{bad} row sum(s) wrong")
     return checks.Check(err <= bound, err, bound)
+
+
+def _expected_sums(masking: str, mask, sq: int, sk: int, device) -> torch.Tensor:
+    """Every row of a softmax sums to 1, except fully masked rows (0); broadcasts to (b, h, sq)."""
+    if masking == "mask":
+        return (~mask.all(-1)).float()  # (b, 1, sq)
+    if masking == "aligned_causal":  # rows i < sq - sk keep no column
+        return (torch.arange(sq, device=device) >= sq - sk).float()  # (sq,)
+    return torch.ones((), device=device)  # none; upper_triang keeps column 0 in every row
 
 
 def check_bwd(dx4, dy4, y4, scale: float) -> checks.Check:

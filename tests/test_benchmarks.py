@@ -161,3 +161,27 @@ def test_parse_helpers():
     assert parse_list("bf16, fp16", ("bf16", "fp16", "fp32"), "x") == ("bf16", "fp16")
     with pytest.raises(ValueError):
         parse_list("", ("a",), "x")
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=lambda op: op.name)
+def test_op_checks_with_more_rows_than_columns(op):
+    """The GPU shapes at short rows have sq >> sk: aligned-causal rows i < sq - sk are fully
+    masked (sum 0), the rest sum to 1. A real te_fast result passes, a zeroed row fails even
+    where the sampled rows do not reach it."""
+    from benchmarks.ops_bench import check_bwd, check_fwd
+
+    b, h, sq, sk, scale = 2, 3, 40, 16, 0.3
+    x = torch.randn(b, h, sq, sk, dtype=torch.bfloat16)
+    mask = torch.rand(b, 1, sq, sk) < 0.5
+    mask[0, 0, 3] = True  # one fully masked row
+    xin = x.view(b * h, sq, sk) if op.rank == 3 else x
+    fwd = getattr(te_fast.ops, op.fwd)
+    y = fwd(xin, mask, scale) if op.masking == "mask" else fwd(xin, scale)
+    y4 = y.view(b, h, sq, sk)
+    assert check_fwd(y4, x, mask, op.masking, scale).ok
+    dy = torch.randn_like(y)
+    dx = getattr(te_fast.ops, op.bwd)(dy, y, scale)
+    assert check_bwd(dx.view(b, h, sq, sk), dy.view(b, h, sq, sk), y4, scale).ok
+    broken = y4.clone()
+    broken[1, 0, 30] = 0  # block (1, 0) is not sampled; row 30 keeps columns in every op
+    assert not check_fwd(broken, x, mask, op.masking, scale).ok
