@@ -11,7 +11,7 @@ import torch
 
 from benchmarks import checks, peers
 from benchmarks.cases import DTYPES, AttnShape
-from benchmarks.runner import Runner, base_row
+from benchmarks.runner import Runner, base_row, is_fatal
 from benchmarks.timing import sync, time_calls, wall_per_iteration
 
 MASKS = ("causal", "padding")
@@ -186,7 +186,7 @@ def measure(r: Runner, row: dict, impl: Impl, args, wrt, do, check_fn, how: Meas
             else:
                 step()
         except RuntimeError as exc:
-            if not impl.optional:
+            if not impl.optional or is_fatal(exc):
                 raise
             r.skip(row, f"backend does not run this case: {str(exc).splitlines()[0][:120]}")
             return
@@ -252,6 +252,8 @@ def run_module(r: Runner) -> None:
                 if impl.sdpa == "flash" and not inp.causal:
                     r.skip(row, "flash SDPA takes no attn_mask")
                     continue
+                if r.device.type == "cuda":
+                    torch.cuda.empty_cache()  # each impl starts from the same allocator state
                 measure(r, row, impl, args, args, inp.do, check_fn, how)
                 group.append(row)
             summarize_group(r, group, "median_ms")
