@@ -18,6 +18,8 @@ from benchmarks import cases, peers, report
 from benchmarks.cases import DTYPES, SECTIONS, SK_ALL, SOFTMAX_PEERS, Plan
 from benchmarks.runner import Fatal, Runner
 
+L2_BYTES = 60 << 20  # at least the L2 of an H100/H200 (50 MB)
+
 EPILOG = """\
 examples:
   python -m benchmarks                                  the full run on one GPU (~4 min on an H200)
@@ -276,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(__file__).resolve().parent
     if not plan.smoke:
         print(planned(plan), flush=True)
+        if "softmax" in plan.sections and plan.numel16 * 2 < L2_BYTES * 4:
+            print(
+                f"!!! warning: softmax tensors of {plan.numel16 * 2 >> 20} MB are within 4x the "
+                f"{L2_BYTES >> 20} MB L2: their bandwidth can exceed what HBM gives",
+                flush=True,
+            )
     return run(plan, device, out, argv)
 
 
