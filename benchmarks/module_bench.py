@@ -234,6 +234,8 @@ def run_module(r: Runner) -> None:
     shape = r.plan.module_shape
     scale = shape.d**-0.5
     how = Measure(reps=r.plan.module_reps, warmup=2, peak=True)
+    if not r.plan.module_dtypes():
+        print("module: nothing to run (the training shape runs in bf16/fp16 only)", flush=True)
     for dtype in r.plan.module_dtypes():
         for mask in MASKS:
             group = []

@@ -65,6 +65,8 @@ class Runner:
         row["t_s"] = round(self.elapsed(), 2)
         self.rows.append(row)
         if row["status"] in PROBLEMS:
+            if not self.plan.smoke:
+                print(format_row(row), flush=True)
             loud = f"!!! {row['status']}: {row['case']}: {row.get('note', '')}"
             print(loud, flush=True)
             print(loud, file=sys.stderr, flush=True)
