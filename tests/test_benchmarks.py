@@ -185,3 +185,30 @@ def test_op_checks_with_more_rows_than_columns(op):
     broken = y4.clone()
     broken[1, 0, 30] = 0  # block (1, 0) is not sampled; row 30 keeps columns in every op
     assert not check_fwd(broken, x, mask, op.masking, scale).ok
+
+
+def test_cuda_error_stops_the_run_and_keeps_the_results(tmp_path, monkeypatch, capsys):
+    def poisoned(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(te_fast.ops, "convert_bshd_to_thd", poisoned)
+    code, result = _run(tmp_path, "--only", "convert,small")
+    assert code == 3
+    assert result["state"] == "stopped"
+    assert not [r for r in result["rows"] if r["section"] == "small"], "nothing after the error"
+    assert [r for r in result["rows"] if r["status"] == "ok" and r["section"] == "convert"]
+    assert "!!! STOPPED" in capsys.readouterr().out
+    assert (tmp_path / "latest.md").exists()
+
+
+def test_harness_crash_keeps_the_results(tmp_path, monkeypatch, capsys):
+    from benchmarks import module_bench
+
+    def crash(r):
+        raise KeyError("harness bug")
+
+    monkeypatch.setattr(module_bench, "run_small", crash)
+    code, result = _run(tmp_path, "--only", "convert,small")
+    assert code == 3 and result["state"] == "crashed"
+    assert [r for r in result["rows"] if r["section"] == "convert"]
+    assert "!!! CRASHED" in capsys.readouterr().out
