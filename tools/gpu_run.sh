@@ -60,5 +60,9 @@ if [ $# -gt 0 ]; then
   $PY -m reports run --out "$OUT/report" "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v -E "^\.|^s|PASSED|SKIPPED" | tail -60
 fi
 if [ $bench -eq 1 ]; then
-  $PY -m benchmarks.bench_ops --out "$OUT/bench" 2>&1 | tail -40
+  # one line per result as it goes (also in bench.log); the summary and any WRONG/ERROR last
+  $PY -m benchmarks --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+  bench_rc=${PIPESTATUS[0]}
+  echo "benchmarks: exit $bench_rc (0 ok, 1 WRONG/ERROR rows, 2 cannot run here, 3 stopped)"
+  [ "$bench_rc" -eq 0 ] || exit "$bench_rc"
 fi

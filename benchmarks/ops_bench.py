@@ -1,0 +1,326 @@
+"""Bandwidth sections: the copy ceiling, softmax ops and their peers, the layout conversions."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from benchmarks import checks, peers
+from benchmarks.cases import DTYPES, SCALE, SOFTMAX_OPS, SoftmaxOp
+from benchmarks.runner import Fatal, Runner, base_row
+from benchmarks.timing import time_calls
+
+
+def _ops():
+    from te_fast import ops  # looked up per call so a test can swap an op for a broken one
+
+    return ops
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ",".join(str(s) for s in t.shape) + "]"
+
+
+# ----------------------------------------------------------------------------- ceiling
+
+
+def run_ceiling(r: Runner) -> None:
+    """Device-to-device copy of a large buffer: bytes read + written per second = 100%."""
+    n = r.plan.ceiling_bytes
+    row = base_row("ceiling", "copy", shape=f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n} B")
+    src = torch.empty(n, dtype=torch.uint8, device=r.device).random_()
+    dst = torch.empty_like(src)
+    stats = time_calls(lambda: dst.copy_(src), r.device, r.plan.reps, r.plan.warmup)
+    if not torch.equal(dst, src):
+        raise Fatal("the copy ceiling's copy is wrong: nothing else can be trusted")
+    r.ceiling_gbps = 2 * n / (stats.median_ms * 1e-3) / 1e9
+    r.bandwidth(row, stats, 2 * n, None)
+
+
+# ----------------------------------------------------------------------------- softmax checks
+
+
+def _masked_rows(masking: str, mask, bi: int, rows, sq: int, sk: int):
+    if masking == "mask":
+        return mask[bi, 0, rows]
+    if masking in ("upper_triang", "aligned_causal"):
+        return checks.causal_masked(masking, rows, sq, sk)
+    return None
+
+
+def check_fwd(y4, x, mask, masking: str, scale: float) -> checks.Check:
+    """y4 (b, h, sq, sk) against softmax_ref on sample rows, then the whole tensor: every row
+    sums to 1, or to 0 where it is fully masked (so NaN, zeroed or unnormalised rows show)."""
+    b, h, sq, sk = x.shape
+    bound = checks.OP_BOUND[x.dtype]
+    err = 0.0
+    for bi, hi, rows in checks.sample_blocks(b, h, sq, sk):
+        rows = rows.to(x.device)
+        ref = checks.softmax_ref(
+            x[bi, hi, rows], scale, _masked_rows(masking, mask, bi, rows, sq, sk)
+        )
+        err = max(err, checks.relative_error(y4[bi, hi, rows], ref))
+    sums = y4.sum(-1, dtype=torch.float32)  # (b, h, sq)
+    rows_ok = (sums - _expected_sums(masking, mask, sq, sk, x.device)).abs() <= bound
+    if not bool(rows_ok.all()):  # also catches NaN/inf anywhere
+        bad = int((~rows_ok).sum())
+        return checks.Check(False, float("inf"), bound, where=f"{bad} row sum(s) wrong")
+    return checks.Check(err <= bound, err, bound)
+
+
+def _expected_sums(masking: str, mask, sq: int, sk: int, device) -> torch.Tensor:
+    """Every row of a softmax sums to 1, except fully masked rows (0); broadcasts to (b, h, sq)."""
+    if masking == "mask":
+        return (~mask.all(-1)).float()  # (b, 1, sq)
+    if masking == "aligned_causal":  # rows i < sq - sk keep no column
+        return (torch.arange(sq, device=device) >= sq - sk).float()  # (sq,)
+    return torch.ones((), device=device)  # none; upper_triang keeps column 0 in every row
+
+
+def check_bwd(dx4, dy4, y4, scale: float) -> checks.Check:
+    b, h, sq, sk = y4.shape
+    bound = checks.OP_BOUND[y4.dtype]
+    err = 0.0
+    for bi, hi, rows in checks.sample_blocks(b, h, sq, sk):
+        rows = rows.to(y4.device)
+        ref = checks.softmax_bwd_ref(dy4[bi, hi, rows], y4[bi, hi, rows], scale)
+        err = max(err, checks.relative_error(dx4[bi, hi, rows], ref))
+    if not bool(torch.isfinite(dx4).all()):
+        return checks.Check(False, float("inf"), bound, where="non-finite values")
+    return checks.Check(err <= bound, err, bound)
+
+
+# ----------------------------------------------------------------------------- softmax cases
+
+
+class SoftmaxCase:
+    """Inputs of one (dtype, sk) case, shared by every op and peer."""
+
+    def __init__(self, r: Runner, dtype: str, sk: int):
+        self.dtype, self.sk = dtype, sk
+        b, h, sq, _ = r.plan.softmax_shape(dtype, sk)
+        self.b, self.h, self.sq = b, h, sq
+        torch.manual_seed(sk * 7 + len(dtype))
+        td = DTYPES[dtype]
+        self.x = torch.randn(b, h, sq, sk, device=r.device, dtype=td)
+        self.dy = torch.randn(b, h, sq, sk, device=r.device, dtype=td)
+        self.mask = torch.rand(b, 1, sq, sk, device=r.device) < 0.2  # True = masked out
+        self.ys: dict[str, torch.Tensor] = {}
+        self.shape = _shape(self.x)
+
+    def x_for(self, op: SoftmaxOp) -> torch.Tensor:
+        return self.x.view(self.b * self.h, self.sq, self.sk) if op.rank == 3 else self.x
+
+    def as4(self, t: torch.Tensor) -> torch.Tensor:
+        return t.view(self.b, self.h, self.sq, self.sk)
+
+    def row(self, op_name: str, impl: str) -> dict:
+        return base_row("softmax", impl, op=op_name, dtype=self.dtype, sk=self.sk, shape=self.shape)
+
+
+def te_fast_fwd(r: Runner, c: SoftmaxCase, op: SoftmaxOp) -> None:
+    row = c.row(f"{op.fwd}_fwd", "te_fast")
+    with r.guard(row):
+        fn = getattr(_ops(), op.fwd)
+        args = (c.x_for(op), c.mask, SCALE) if op.masking == "mask" else (c.x_for(op), SCALE)
+        y = fn(*args)
+        c.ys[op.name] = y
+        chk = check_fwd(c.as4(y), c.x, c.mask, op.masking, SCALE)
+        stats = time_calls(lambda: fn(*args), r.device, r.plan.reps, r.plan.warmup)
+        extra = c.mask.nbytes if op.masking == "mask" else 0
+        r.bandwidth(row, stats, 2 * c.x.nbytes + extra, chk)
+
+
+def te_fast_bwd(r: Runner, c: SoftmaxCase, op: SoftmaxOp) -> None:
+    row = c.row(op.bwd, "te_fast")
+    if op.name not in c.ys:
+        r.skip(row, "no forward output (the forward failed)")
+        return
+    with r.guard(row):
+        fn = getattr(_ops(), op.bwd)
+        y = c.ys[op.name]
+        dy = c.dy.view(y.shape)
+        dx = fn(dy, y, SCALE)
+        chk = check_bwd(c.as4(dx), c.dy, c.as4(y), SCALE)
+        del dx
+        stats = time_calls(lambda: fn(dy, y, SCALE), r.device, r.plan.reps, r.plan.warmup)
+        r.bandwidth(row, stats, 3 * c.x.nbytes, chk)
+
+
+def torch_fwd(r: Runner, c: SoftmaxCase) -> None:
+    row = c.row("softmax_fwd", "torch.softmax")
+    with r.guard(row):
+        fn = lambda: torch.softmax(c.x, -1)
+        chk = check_fwd(fn(), c.x, None, "none", 1.0)
+        stats = time_calls(fn, r.device, r.plan.reps, r.plan.warmup)
+        r.bandwidth(row, stats, 2 * c.x.nbytes, chk)
+
+
+def torch_bwd(r: Runner, c: SoftmaxCase) -> None:
+    row = c.row("softmax_bwd", "torch.softmax")
+    y = c.ys.get("scaled_softmax")
+    if y is None:
+        r.skip(row, "no forward output to differentiate")
+        return
+    with r.guard(row):
+        fn = lambda: peers.torch_softmax_bwd(c.dy, y)
+        chk = check_bwd(fn(), c.dy, y, 1.0)
+        stats = time_calls(fn, r.device, r.plan.reps, r.plan.warmup)
+        r.bandwidth(row, stats, 3 * c.x.nbytes, chk)
+
+
+def triton_fwd(r: Runner, c: SoftmaxCase) -> None:
+    row = c.row("softmax_fwd", "triton")
+    with r.guard(row):
+        softmax = peers.triton_softmax()
+        t0 = time.perf_counter()
+        y = softmax(c.x, SCALE)  # first call JIT-compiles for this BLOCK and dtype
+        r.compiles.append(
+            {"label": f"triton {c.dtype} sk={c.sk}", "seconds": round(time.perf_counter() - t0, 2)}
+        )
+        chk = check_fwd(y, c.x, None, "none", SCALE)
+        del y
+        stats = time_calls(lambda: softmax(c.x, SCALE), r.device, r.plan.reps, r.plan.warmup)
+        r.bandwidth(row, stats, 2 * c.x.nbytes, chk)
+
+
+class InductorPeers:
+    """The inductor-compiled composites: static (one compile per shape) or dynamic (one per
+    dtype and function); a budget on their total compile time keeps the run inside its window."""
+
+    def __init__(self, r: Runner):
+        self.r = r
+        self.dynamic_cache: dict = {}
+
+    def compiled(self, kind: str, dtype: str):
+        fn = peers.softmax_masked if kind == "masked" else peers.softmax_plain
+        if self.r.plan.inductor == "dynamic":
+            key = (kind, dtype)
+            if key not in self.dynamic_cache:
+                self.dynamic_cache[key] = peers.compile(fn, smoke=self.r.plan.smoke, dynamic=True)
+            return self.dynamic_cache[key]
+        peers.reset_compile_state()
+        return peers.compile(fn, smoke=self.r.plan.smoke)
+
+    def run(self, c: SoftmaxCase, kind: str) -> None:
+        r, plan = self.r, self.r.plan
+        row = c.row("softmax_fwd" if kind == "plain" else "masked_softmax_fwd", "inductor")
+        if plan.inductor == "off" or c.dtype not in plan.inductor_dtypes:
+            return  # not asked for: no row
+        if r.softmax_compile_s > plan.compile_budget_s:
+            r.skip(row, f"inductor compile budget ({plan.compile_budget_s:.0f} s) spent")
+            return
+        with r.guard(row):
+            fn = self.compiled(kind, c.dtype)
+            args = (c.x, c.mask, SCALE) if kind == "masked" else (c.x, SCALE)
+            y, entry = r.first_call(
+                f"inductor {kind} softmax {c.dtype} sk={c.sk}",
+                lambda: fn(*args),
+                expect_compile=plan.inductor == "static",
+            )
+            r.softmax_compile_s += entry["seconds"]
+            chk = check_fwd(
+                y,
+                c.x,
+                c.mask if kind == "masked" else None,
+                "mask" if kind == "masked" else "none",
+                SCALE,
+            )
+            del y
+            stats = time_calls(lambda: fn(*args), r.device, plan.reps, plan.warmup)
+            extra = c.mask.nbytes if kind == "masked" else 0
+            row["compile_s"] = entry["seconds"]
+            r.bandwidth(row, stats, 2 * c.x.nbytes + extra, chk)
+
+
+def run_softmax(r: Runner) -> None:
+    plan = r.plan
+    inductor = InductorPeers(r)
+    for dtype in plan.dtypes:
+        for sk in plan.sks:
+            if r.expired():
+                r.skip(base_row("softmax", "all", dtype=dtype, sk=sk), "deadline passed")
+                continue
+            c = None
+            with r.guard(base_row("softmax", "inputs", dtype=dtype, sk=sk)):
+                c = SoftmaxCase(r, dtype, sk)
+            if c is None:
+                continue
+            for op in SOFTMAX_OPS:
+                te_fast_fwd(r, c, op)
+            if "torch" in plan.peers:
+                torch_fwd(r, c)
+            if "triton" in plan.peers:
+                triton_fwd(r, c)
+            if "inductor" in plan.peers:
+                inductor.run(c, "plain")
+                inductor.run(c, "masked")
+            for op in SOFTMAX_OPS:
+                te_fast_bwd(r, c, op)
+            if "torch" in plan.peers:
+                torch_bwd(r, c)
+            del c
+            if r.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- conversions
+
+
+def _ragged(r: Runner, dtype: str):
+    b, h, s, d = (
+        r.plan.convert_shape.b,
+        r.plan.convert_shape.h,
+        r.plan.convert_shape.s,
+        r.plan.convert_shape.d,
+    )
+    gen = torch.Generator().manual_seed(2048)
+    lengths = torch.randint(s // 2, s + 1, (b,), generator=gen)  # uniform in [s/2, s]
+    cu = torch.zeros(b + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lengths, 0)
+    t = int(cu[-1])
+    torch.manual_seed(t)
+    thd = torch.randn(t, h, d, device=r.device, dtype=DTYPES[dtype])
+    return thd, cu.to(r.device), lengths.tolist(), b, s
+
+
+def run_convert(r: Runner) -> None:
+    for dtype in r.plan.dtypes:
+        if r.expired():
+            r.skip(base_row("convert", "all", dtype=dtype), "deadline passed")
+            continue
+        convert_case(r, dtype)
+
+
+def _exact(out: torch.Tensor, ref: torch.Tensor) -> checks.Check:
+    """A conversion only moves data: bit equality (zero padding included) or WRONG."""
+    same = torch.equal(out, ref)
+    return checks.Check(same, 0.0 if same else float("inf"), 0.0)
+
+
+def convert_case(r: Runner, dtype: str) -> None:
+    thd, cu, lengths, b, s = _ragged(r, dtype)
+    t, h, d = thd.shape
+    ref_bshd = thd.new_zeros(b, s, h, d)
+    start = 0
+    for i, n in enumerate(lengths):
+        ref_bshd[i, :n] = thd[start : start + n]
+        start += n
+    reps, warmup = r.plan.reps, r.plan.warmup
+
+    shape = f"t={t} -> [{b},{s},{h},{d}]"
+    row = base_row("convert", "te_fast", op="convert_thd_to_bshd", dtype=dtype, shape=shape)
+    with r.guard(row):
+        fn = lambda: _ops().convert_thd_to_bshd(thd, cu, b, s)
+        chk = _exact(fn(), ref_bshd)
+        stats = time_calls(fn, r.device, reps, warmup)
+        r.bandwidth(row, stats, thd.nbytes + ref_bshd.nbytes, chk)  # read t rows, write b*s
+
+    shape = f"[{b},{s},{h},{d}] -> t={t}"
+    row = base_row("convert", "te_fast", op="convert_bshd_to_thd", dtype=dtype, shape=shape)
+    with r.guard(row):
+        fn = lambda: _ops().convert_bshd_to_thd(ref_bshd, cu, t)
+        chk = _exact(fn(), thd)
+        stats = time_calls(fn, r.device, reps, warmup)
+        r.bandwidth(row, stats, 2 * thd.nbytes, chk)  # read the t valid rows, write t rows

@@ -1,0 +1,286 @@
+"""Writes a run: latest.json (every row and the environment), latest.md (tables), latest.png."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.cases import DTYPES, SOFTMAX_OPS
+
+SCHEMA = 1
+
+
+def environment(device: torch.device) -> dict:
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "triton": None,
+    }
+    if device.type == "cuda":
+        try:
+            import triton
+
+            env["triton"] = triton.__version__
+        except ImportError:
+            pass
+    return env
+
+
+def write_json(result: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "latest.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    tmp.replace(path)  # a kill mid-write never leaves half a file
+    return path
+
+
+def write_all(result: dict, out: Path) -> list[Path]:
+    paths = [write_json(result, out)]
+    md = out / "latest.md"
+    md.write_text(render_markdown(result))
+    paths.append(md)
+    png = write_png(result, out / "latest.png")
+    if png is not None:
+        paths.append(png)
+    return paths
+
+
+# ----------------------------------------------------------------------------- markdown
+
+
+def _rows(result: dict, **match) -> list[dict]:
+    return [r for r in result["rows"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def _cell_pct(row: dict | None) -> str:
+    if row is None:
+        return "–"
+    if row["status"] != "ok":
+        return {"skipped": "skip"}.get(row["status"], f"**{row['status']}**")
+    frac = row.get("fraction_of_ceiling")
+    return "–" if frac is None else f"{100 * frac:.0f}%"
+
+
+def _softmax_tables(result: dict) -> list[str]:
+    lines = []
+    softmax = _rows(result, section="softmax")
+    dtypes = [d for d in DTYPES if any(r.get("dtype") == d for r in softmax)]
+    sks = sorted({r["sk"] for r in softmax if r.get("sk")})
+    for op in SOFTMAX_OPS:
+        for direction in ("fwd", "bwd"):
+            name = f"{op.name}_{direction}"
+            peer_op = "masked_softmax_fwd" if op.masking == "mask" else "softmax_fwd"
+            if direction == "fwd":
+                cols = [
+                    ("te_fast", name),
+                    ("torch.softmax", "softmax_fwd"),
+                    ("inductor", peer_op),
+                    ("triton", "softmax_fwd"),
+                ]
+            else:
+                cols = [("te_fast", name), ("torch.softmax", "softmax_bwd")]
+            for dtype in dtypes:
+                lines += [f"### {name}, {dtype}", ""]
+                lines.append("| sk | " + " | ".join(impl for impl, _ in cols) + " |")
+                lines.append("|---:|" + "---:|" * len(cols))
+                for sk in sks:
+                    cells = []
+                    for impl, op_name in cols:
+                        hit = _rows(
+                            result, section="softmax", op=op_name, dtype=dtype, sk=sk, impl=impl
+                        )
+                        cells.append(_cell_pct(hit[0] if hit else None))
+                    lines.append(f"| {sk} | " + " | ".join(cells) + " |")
+                lines.append("")
+    return lines
+
+
+def _fmt_ms(row: dict, key: str = "median_ms", iqr: str = "iqr_ms") -> str:
+    return f"{row[key]:.3f} ± {row[iqr]:.3f}" if key in row else "–"
+
+
+def _opt(row: dict, key: str, fmt: str) -> str:
+    return fmt.format(row[key]) if row.get(key) is not None else "–"
+
+
+def _status(row: dict) -> str:
+    s = row["status"]
+    note = row.get("note", "")
+    return s if s == "ok" else f"**{s}** {note}".strip()
+
+
+def render_markdown(result: dict) -> str:
+    env = result["env"]
+    lines = [
+        "# te_fast benchmark"
+        + (" (SMOKE: CPU harness check, timings mean nothing)" if result.get("smoke") else ""),
+        "",
+        f"{env.get('gpu') or 'CPU'}, torch {env['torch']}, CUDA {env['cuda']}, "
+        f"triton {env.get('triton')}, {env['date']}",
+        "",
+        f"Command: `{result['command']}`  ",
+        f"Total wall time {result.get('total_wall_s', 0):.0f} s; copy ceiling "
+        f"{result.get('ceiling_gbps') or 0:.0f} GB/s (bytes read + written per second); "
+        f"medians of CUDA-event timings, IQR beside them.  ",
+        f"Compiles: {result.get('compile_summary', {})}",
+        "",
+    ]
+    problems = [r for r in result["rows"] if r["status"] in ("WRONG", "ERROR")]
+    if problems:
+        lines += ["## PROBLEMS", ""]
+        lines += [f"- **{r['status']}** `{r['case']}`: {r.get('note', '')}" for r in problems]
+        lines.append("")
+    if _rows(result, section="softmax"):
+        lines += [
+            "## Softmax ops: % of the copy ceiling",
+            "",
+            "Bytes: forward reads x and writes y (+ the bool mask once for the masked op); "
+            "backward reads dy, y and writes dx; causal ops count full rows. torch.softmax "
+            "is unscaled and unmasked; inductor is the compiled composite (masked for the "
+            "masked op, plain otherwise); triton is the read-once row softmax peer.",
+            "",
+        ]
+        lines += _softmax_tables(result)
+    conv = _rows(result, section="convert")
+    if conv:
+        lines += [
+            "## Conversions",
+            "",
+            "thd→bshd counts t rows read + b·s rows written; "
+            "bshd→thd counts t rows read + t rows written.",
+            "",
+            "| op | dtype | shape | ms | GB/s | % of copy | status |",
+            "|---|---|---|---:|---:|---:|---|",
+        ]
+        for r in conv:
+            lines.append(
+                f"| {r.get('op', '')} | {r.get('dtype', '')} | {r.get('shape', '')} | "
+                f"{_fmt_ms(r)} | {r.get('gbps', 0):.0f} | {_cell_pct(r)} | "
+                f"{_status(r)} |"
+            )
+        lines.append("")
+    lines += _module_table(result)
+    lines += _launch_table(result, "small", "Small shape")
+    lines += _launch_table(result, "stack", "Stack of layers")
+    return "\n".join(lines) + "\n"
+
+
+def _module_table(result: dict) -> list[str]:
+    rows = _rows(result, section="module")
+    if not rows:
+        return []
+    lines = [
+        "## Module at the training shape (forward + backward)",
+        "",
+        f"{rows[0].get('shape', '')}; CUDA-event median; speedup = eager composite's time / "
+        "this time; peak = max_memory_allocated during one step above the inputs.",
+        "",
+        "| dtype | mask | impl | ms | speedup | peak extra GiB | compile s | status |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        peak = r.get("peak_extra_bytes")
+        best = " (fastest fused)" if r.get("best_fused") else ""
+        lines.append(
+            f"| {r.get('dtype', '')} | {r.get('config', '')} | {r['impl']}{best} | {_fmt_ms(r)} | "
+            f"{_opt(r, 'speedup', '{:.2f}x')} | "
+            f"{'–' if peak is None else f'{peak / 2**30:.2f}'} | "
+            f"{_opt(r, 'compile_s', '{:.1f}')} | {_status(r)} |"
+        )
+    lines.append("")
+    return lines
+
+
+def _launch_table(result: dict, section: str, title: str) -> list[str]:
+    rows = _rows(result, section=section)
+    if not rows:
+        return []
+    lines = [
+        f"## {title} (forward + backward)",
+        "",
+        f"{rows[0].get('shape', '')}, {rows[0].get('dtype', '')}. Reported: host wall-clock "
+        "per iteration (back-to-back, one sync per 10 iterations): this shape is "
+        "launch/CPU bound. CUDA-event median beside it; speedup uses the wall time.",
+        "",
+        "| impl | wall ms/it | CUDA events ms | speedup | compile s | status |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['impl']} | {_fmt_ms(r, 'wall_ms', 'wall_iqr_ms')} | {_fmt_ms(r)} | "
+            f"{_opt(r, 'speedup', '{:.2f}x')} | {_opt(r, 'compile_s', '{:.1f}')} | "
+            f"{_status(r)} |"
+        )
+    lines.append("")
+    return lines
+
+
+# ----------------------------------------------------------------------------- plot
+
+
+def write_png(result: dict, path: Path) -> Path | None:
+    """% of the copy ceiling against sk: one panel per dtype and direction."""
+    softmax = _rows(result, section="softmax")
+    if not softmax:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        print(f"!!! no plot: matplotlib is not importable ({exc})", file=sys.stderr, flush=True)
+        return None
+    dtypes = [d for d in DTYPES if any(r.get("dtype") == d for r in softmax)]
+    fig, axes = plt.subplots(len(dtypes), 2, figsize=(13, 4.2 * len(dtypes)), squeeze=False)
+    for i, dtype in enumerate(dtypes):
+        for j, direction in enumerate(("fwd", "bwd")):
+            ax = axes[i][j]
+            for label, series in _series(softmax, dtype, direction).items():
+                xs, ys = zip(*sorted(series))
+                style = "-o" if label.startswith("te_fast") else "--s"
+                ax.plot(xs, ys, style, label=label, markersize=3)
+            ax.set_xscale("log", base=2)
+            sks = sorted({r["sk"] for r in softmax if r.get("sk")})
+            ax.set_xticks(sks, [str(sk) for sk in sks], rotation=45)
+            ax.set_ylim(0, max([110.0] + [y for line in ax.get_lines() for y in line.get_ydata()]))
+            ax.axhline(100, color="grey", linewidth=0.8)
+            ax.set_title(f"softmax {direction}, {dtype}")
+            ax.set_xlabel("sk (row length)")
+            ax.set_ylabel("% of copy ceiling")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+    env = result["env"]
+    fig.suptitle(
+        f"{env.get('gpu') or 'CPU'} torch {env['torch']} {env['date']}"
+        + (" SMOKE" if result.get("smoke") else "")
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _series(rows: list[dict], dtype: str, direction: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in rows:
+        if r.get("dtype") != dtype or r["status"] != "ok" or "fraction_of_ceiling" not in r:
+            continue
+        op = r.get("op", "")
+        if not op.endswith(direction):
+            continue
+        if r["impl"] == "te_fast":
+            label = f"te_fast {op.removesuffix('_' + direction).removeprefix('scaled_')}"
+        else:
+            label = r["impl"] + (" masked" if op.startswith("masked") else "")
+        out.setdefault(label, []).append((r["sk"], 100 * r["fraction_of_ceiling"]))
+    return out

@@ -1,0 +1,79 @@
+"""Timing: CUDA-event medians and IQR (GPU), perf_counter (CPU), host wall per iteration."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Median and interquartile range (q3 - q1) of n samples, in milliseconds."""
+
+    median_ms: float
+    iqr_ms: float
+    n: int
+
+
+def summarize(samples_ms: list[float]) -> Stats:
+    if not samples_ms:
+        raise ValueError("no timing samples")
+    if len(samples_ms) < 2:
+        return Stats(samples_ms[0], 0.0, 1)
+    q1, _, q3 = statistics.quantiles(samples_ms, n=4)
+    return Stats(statistics.median(samples_ms), q3 - q1, len(samples_ms))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], object], device: torch.device, reps: int, warmup: int) -> Stats:
+    """Median/IQR of fn()'s time per call: CUDA events on the GPU, perf_counter on the CPU.
+
+    On the GPU every call is bracketed by its own event pair and the calls are queued back to back
+    with one synchronisation at the end, so each sample is the device time of that call.
+    """
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    if device.type != "cuda":
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return summarize(samples)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def wall_per_iteration(
+    fn: Callable[[], object], device: torch.device, reps: int, block: int = 10
+) -> Stats:
+    """Host wall-clock per iteration: blocks of `block` back-to-back calls, one sync per block.
+
+    This is what a training loop sees when a shape is launch/CPU-overhead bound: the device idles
+    while the host prepares the next launch, and CUDA events cannot show the host's share.
+    """
+    samples = []
+    block = max(1, min(block, reps))
+    sync(device)
+    for _ in range(max(1, reps // block)):
+        t0 = time.perf_counter()
+        for _ in range(block):
+            fn()
+        sync(device)
+        samples.append((time.perf_counter() - t0) * 1e3 / block)
+    return summarize(samples)

@@ -1,0 +1,214 @@
+"""The benchmark harness on the CPU: the smoke run end to end, and wrong results marked WRONG."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+te_fast = pytest.importorskip("te_fast")
+if te_fast.UNAVAILABLE_REASON is not None:
+    pytest.skip(f"te_fast unavailable: {te_fast.UNAVAILABLE_REASON}", allow_module_level=True)
+
+from benchmarks import checks  # noqa: E402
+from benchmarks.__main__ import main  # noqa: E402
+from benchmarks.cases import SOFTMAX_OPS, parse_count, parse_list  # noqa: E402
+
+SECTIONS = {"ceiling", "softmax", "convert", "module", "small", "stack"}
+ROW_KEYS = {"case", "section", "impl", "status", "t_s"}
+
+
+def _run(tmp_path, *args):
+    code = main(["--smoke", "--out", str(tmp_path), *args])
+    result = json.loads((tmp_path / "latest.json").read_text())
+    return code, result
+
+
+def test_smoke_run_writes_every_section(tmp_path, capsys):
+    code, result = _run(tmp_path)
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "harness OK" in printed
+    assert " ms " not in printed, "smoke timings must not be printed as results"
+    assert result["smoke"] is True and result["state"] == "complete"
+    for key in ("env", "command", "plan", "ceiling_gbps", "total_wall_s", "compiles", "rows"):
+        assert key in result, key
+    assert result["env"]["torch"] == torch.__version__
+    assert result["ceiling_gbps"] > 0
+    rows = result["rows"]
+    assert {r["section"] for r in rows} == SECTIONS
+    assert len({r["case"] for r in rows}) == len(rows), "case keys must be unique"
+    for r in rows:
+        assert ROW_KEYS <= set(r), r
+        assert r["status"] in ("ok", "skipped"), r
+    ops = {(r["op"], r["dtype"], r["sk"]) for r in rows if r["impl"] == "te_fast" and "sk" in r}
+    for op in SOFTMAX_OPS:
+        for name in (f"{op.fwd}_fwd", op.bwd):
+            for dtype in ("fp32", "bf16"):
+                for sk in (64, 128):
+                    assert (name, dtype, sk) in ops
+    for r in rows:
+        if r["section"] in ("softmax", "convert") and r["status"] == "ok":
+            assert r["bytes"] > 0 and r["fraction_of_ceiling"] > 0 and r["check"]["ok"], r
+    timed = [
+        r for r in rows if r["section"] in ("module", "small", "stack") and r["status"] == "ok"
+    ]
+    assert {r["impl"] for r in timed} >= {"te_fast", "te_fast.compile", "composite", "sdpa.math"}
+    assert all("speedup" in r and r["check"]["ok"] for r in timed)
+    assert all("wall_ms" in r for r in timed if r["section"] in ("small", "stack"))
+    assert [c for c in result["compiles"] if c["label"].startswith("module/")]
+    md = (tmp_path / "latest.md").read_text()
+    assert "SMOKE" in md and "scaled_softmax_fwd, bf16" in md and "Stack of layers" in md
+    assert (tmp_path / "latest.png").stat().st_size > 1000
+
+
+def _unnormalised(x, scale):
+    return torch.softmax(x.float() * scale, -1).to(x.dtype) * 1.5
+
+
+def _ignores_mask(x, mask, scale):
+    return torch.softmax(x.float() * scale, -1).to(x.dtype)
+
+
+def _not_causal(x, scale):
+    return torch.softmax(x.float() * scale, -1).to(x.dtype)
+
+
+def _zero_grad(dy, y, scale):
+    return torch.zeros_like(y)
+
+
+@pytest.mark.parametrize(
+    "op, broken, bad_case",
+    [
+        ("scaled_softmax", _unnormalised, "softmax/scaled_softmax_fwd/"),
+        ("scaled_masked_softmax", _ignores_mask, "softmax/scaled_masked_softmax_fwd/"),
+        ("scaled_aligned_causal_masked_softmax", _not_causal, "aligned_causal_masked_softmax_fwd"),
+        ("scaled_softmax_bwd", _zero_grad, "softmax/scaled_softmax_bwd/"),
+    ],
+)
+def test_wrong_op_is_marked_wrong(tmp_path, monkeypatch, capsys, op, broken, bad_case):
+    monkeypatch.setattr(te_fast.ops, op, broken)
+    code, result = _run(tmp_path, "--only", "softmax")
+    assert code == 1
+    wrong = [r for r in result["rows"] if r["status"] == "WRONG"]
+    assert wrong and all(bad_case in r["case"] for r in wrong), [r["case"] for r in wrong]
+    assert "!!! WRONG" in capsys.readouterr().out
+    assert "**WRONG**" in (tmp_path / "latest.md").read_text()
+
+
+def test_wrong_module_is_marked_wrong(tmp_path, monkeypatch):
+    """The module's causal path goes through the upper-triangular op: break it."""
+    monkeypatch.setattr(te_fast.ops, "scaled_upper_triang_masked_softmax", _not_causal)
+    code, result = _run(tmp_path, "--only", "small")
+    assert code == 1
+    status = {r["impl"]: r["status"] for r in result["rows"]}
+    assert status["te_fast"] == "WRONG" and status["composite"] == "ok"
+
+
+def test_raising_op_is_an_error_and_the_run_goes_on(tmp_path, monkeypatch):
+    def boom(*args):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(te_fast.ops, "convert_thd_to_bshd", boom)
+    code, result = _run(tmp_path, "--only", "convert")
+    assert code == 1
+    by_op = {(r.get("op"), r.get("dtype")): r for r in result["rows"]}
+    assert by_op[("convert_thd_to_bshd", "bf16")]["status"] == "ERROR"
+    assert "kernel exploded" in by_op[("convert_thd_to_bshd", "bf16")]["note"]
+    assert by_op[("convert_bshd_to_thd", "bf16")]["status"] == "ok"
+
+
+def test_deadline_skips_loudly(tmp_path, capsys):
+    code, result = _run(tmp_path, "--only", "convert", "--deadline-s", "0")
+    assert code == 0
+    assert all(r["status"] == "skipped" for r in result["rows"] if r["section"] == "convert")
+    assert "!!! DEADLINE" in capsys.readouterr().out
+
+
+def test_gpu_run_without_cuda_refuses(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["--only", "softmax"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_bad_arguments_refuse(capsys):
+    assert main(["--smoke", "--dtypes", "fp8"]) == 2
+    assert "--dtypes" in capsys.readouterr().err
+
+
+def test_checks_catch_small_relative_errors():
+    ref = torch.softmax(torch.randn(4, 65536), -1)  # ~1.5e-5 per element
+    assert checks.check(ref.bfloat16(), ref, checks.OP_BOUND[torch.bfloat16]).ok
+    assert not checks.check(ref * 1.2, ref, checks.OP_BOUND[torch.bfloat16]).ok
+    nan = ref.clone()
+    nan[0, 0] = float("nan")
+    assert not checks.check(nan, ref, 1.0).ok
+    assert not checks.check(ref[:, :10], ref, 1.0).ok
+
+
+def test_fully_masked_rows_are_zero_in_the_reference():
+    x = torch.randn(3, 4)
+    masked = torch.tensor([[True] * 4, [False, True, True, True], [False] * 4])
+    y = checks.softmax_ref(x, 1.0, masked)
+    assert torch.equal(y[0], torch.zeros(4)) and float(y[1, 0]) == 1.0
+
+
+def test_parse_helpers():
+    assert parse_count("256M") == 256 << 20 and parse_count("1024") == 1024
+    assert parse_list("bf16, fp16", ("bf16", "fp16", "fp32"), "x") == ("bf16", "fp16")
+    with pytest.raises(ValueError):
+        parse_list("", ("a",), "x")
+
+
+@pytest.mark.parametrize("op", SOFTMAX_OPS, ids=lambda op: op.name)
+def test_op_checks_with_more_rows_than_columns(op):
+    """The GPU shapes at short rows have sq >> sk: aligned-causal rows i < sq - sk are fully
+    masked (sum 0), the rest sum to 1. A real te_fast result passes, a zeroed row fails even
+    where the sampled rows do not reach it."""
+    from benchmarks.ops_bench import check_bwd, check_fwd
+
+    b, h, sq, sk, scale = 2, 3, 40, 16, 0.3
+    x = torch.randn(b, h, sq, sk, dtype=torch.bfloat16)
+    mask = torch.rand(b, 1, sq, sk) < 0.5
+    mask[0, 0, 3] = True  # one fully masked row
+    xin = x.view(b * h, sq, sk) if op.rank == 3 else x
+    fwd = getattr(te_fast.ops, op.fwd)
+    y = fwd(xin, mask, scale) if op.masking == "mask" else fwd(xin, scale)
+    y4 = y.view(b, h, sq, sk)
+    assert check_fwd(y4, x, mask, op.masking, scale).ok
+    dy = torch.randn_like(y)
+    dx = getattr(te_fast.ops, op.bwd)(dy, y, scale)
+    assert check_bwd(dx.view(b, h, sq, sk), dy.view(b, h, sq, sk), y4, scale).ok
+    broken = y4.clone()
+    broken[1, 0, 30] = 0  # block (1, 0) is not sampled; row 30 keeps columns in every op
+    assert not check_fwd(broken, x, mask, op.masking, scale).ok
+
+
+def test_cuda_error_stops_the_run_and_keeps_the_results(tmp_path, monkeypatch, capsys):
+    def poisoned(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(te_fast.ops, "convert_bshd_to_thd", poisoned)
+    code, result = _run(tmp_path, "--only", "convert,small")
+    assert code == 3
+    assert result["state"] == "stopped"
+    assert not [r for r in result["rows"] if r["section"] == "small"], "nothing after the error"
+    assert [r for r in result["rows"] if r["status"] == "ok" and r["section"] == "convert"]
+    assert "!!! STOPPED" in capsys.readouterr().out
+    assert (tmp_path / "latest.md").exists()
+
+
+def test_harness_crash_keeps_the_results(tmp_path, monkeypatch, capsys):
+    from benchmarks import module_bench
+
+    def crash(r):
+        raise KeyError("harness bug")
+
+    monkeypatch.setattr(module_bench, "run_small", crash)
+    code, result = _run(tmp_path, "--only", "convert,small")
+    assert code == 3 and result["state"] == "crashed"
+    assert [r for r in result["rows"] if r["section"] == "convert"]
+    assert "!!! CRASHED" in capsys.readouterr().out
