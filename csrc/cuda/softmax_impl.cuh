@@ -1,0 +1,959 @@
+// Softmax forward/backward kernels for fp32/fp16/bf16: each row read from HBM once, written once.
+//
+// The row lives in registers. A row of sk columns is spread over R = G * C threads: G threads of
+// one CTA (G = 1 .. 32 lanes of a warp, several rows per warp, or G = 64 .. 512 threads, one row
+// per CTA), and C = 1, 2, 4 or 8 CTAs of a thread-block cluster (sm_90) for rows of 16K to 128K
+// columns, so that no thread holds more than 32 values and nothing spills. Thread t of the row
+// holds K chunks of V consecutive columns, chunk k at columns (k * R + t) * V: each chunk is one
+// 16-byte access per thread when sk and the pointers allow (V = 16 / sizeof(T)), else V = 1, and a
+// warp's chunk is one contiguous, coalesced stretch. Reductions go lane -> warp shuffle -> shared
+// memory across the warps of a CTA -> distributed shared memory across the CTAs of a cluster.
+// Rows longer than the largest configuration (or clusters unavailable) take the two-pass block
+// kernel at the end of this file, which has no length limit.
+//
+// Masking: columns at or past kept_prefix (causal modes) are never read and are written as 0; an
+// explicit mask is read V bytes per chunk. A row whose every column is masked (or -inf) is written
+// as zeros; a NaN poisons its row.
+//
+// Precision. fp16/bf16: the exponent works in base 2 with the scale folded in,
+// exp2(fma(x, scale * log2 e, -max)), in fp32 (the rounding of scale * log2 e moves a probability
+// by about 2^-24 relative per unit of the exponent, far below the 2^-9 .. 2^-12 of the output
+// rounding), and the sums are fp32. fp32 data keep the accurate expf of an argument formed in
+// double (te_fast_rules::exp_shifted, as on the CPU), and every sum and the final scaling of fp32
+// data are double: its output keeps 24 bits.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels.h"
+#include "rules.h"
+
+namespace te_fast_kernels {
+namespace softmax_detail {
+
+using te_fast_rules::exp_shifted;
+using te_fast_rules::kept_prefix;
+
+constexpr int kWarp = 32;
+constexpr int kSubWarpCtaThreads = 128;  // CTA size when several rows share a warp
+constexpr int kBlockThreads = 512;       // the two-pass kernel's CTA size
+constexpr int64_t kMaxCtas = 1 << 24;    // grid-stride loops cover any row count beyond this
+constexpr double kLog2e = 1.4426950408889634;
+
+template <typename T>
+constexpr bool kWide = std::is_same<T, float>::value;
+
+// Per-thread sums: double for fp32 data, float for fp16/bf16.
+template <typename T>
+using Acc = std::conditional_t<kWide<T>, double, float>;
+
+// Elements in one 16-byte access.
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <int Bytes>
+struct Raw;
+template <>
+struct Raw<1> {
+  using type = uint8_t;
+};
+template <>
+struct Raw<2> {
+  using type = uint16_t;
+};
+template <>
+struct Raw<4> {
+  using type = uint32_t;
+};
+template <>
+struct Raw<8> {
+  using type = uint2;
+};
+template <>
+struct Raw<16> {
+  using type = uint4;
+};
+
+// V consecutive elements as one register-held value: loaded and stored in one access.
+template <typename T, int V>
+struct Chunk {
+  using R = typename Raw<V * sizeof(T)>::type;
+  R raw;
+
+  __device__ __forceinline__ void load(const T* p) { raw = *reinterpret_cast<const R*>(p); }
+  __device__ __forceinline__ void clear() { raw = R{}; }
+  __device__ __forceinline__ void unpack(float* out) const {
+    alignas(16) T e[V];
+    *reinterpret_cast<R*>(e) = raw;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = to_float(e[k]);
+  }
+  __device__ __forceinline__ static void store(T* p, const float* in) {
+    alignas(16) T e[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) e[k] = from_float<T>(in[k]);
+    *reinterpret_cast<R*>(p) = *reinterpret_cast<const R*>(e);
+  }
+};
+
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A a, A b) const {
+    return a + b;
+  }
+};
+
+// Shared memory of one reduction: a slot per warp of the CTA and one for the CTA's result,
+// which the other CTAs of a cluster read.
+template <typename A, int W>
+struct Slots {
+  A warp[W];
+  A cta;
+};
+
+// Reduces v over the R = G * C threads of a row; every one of them gets the result, combined in
+// the same fixed order everywhere (bitwise reproducible). Successive calls must use different
+// Slots: the barrier of one call orders the previous call's reads before the next writes.
+template <int G, int C, typename A, typename Op, int W>
+__device__ __forceinline__ A row_reduce(A v, Op op, Slots<A, W>& s) {
+  constexpr int kLanes = G < kWarp ? G : kWarp;
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if constexpr (G > kWarp) {
+    if (threadIdx.x % kWarp == 0) s.warp[threadIdx.x / kWarp] = v;
+    __syncthreads();
+    v = s.warp[0];
+#pragma unroll
+    for (int w = 1; w < G / kWarp; ++w) v = op(v, s.warp[w]);
+    if constexpr (C > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      namespace cg = cooperative_groups;
+      cg::cluster_group cluster = cg::this_cluster();
+      if (threadIdx.x == 0) s.cta = v;
+      cluster.sync();
+      v = *cluster.map_shared_rank(&s.cta, 0);
+#pragma unroll
+      for (int r = 1; r < C; ++r) v = op(v, *cluster.map_shared_rank(&s.cta, r));
+#else
+      __trap();  // the host launches clusters only on sm_90 and newer
+#endif
+    }
+  }
+  return v;
+}
+
+// The final barrier of a cluster kernel: no CTA may exit while another still reads its slots.
+template <int C>
+__device__ __forceinline__ void cluster_exit() {
+  if constexpr (C > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cooperative_groups::this_cluster().sync();
+#endif
+  }
+}
+
+// One configuration: V columns per chunk, K chunks per thread, G threads of a CTA and C CTAs
+// per row.
+template <int V, int K, int G, int C>
+struct Shape {
+  static_assert(G <= kWarp || (G % kWarp == 0 && G <= kBlockThreads), "G: 1..32 or warps");
+  static_assert(C == 1 || G == kBlockThreads, "clusters take whole 512-thread CTAs");
+  static constexpr int kThreads = G <= kWarp ? kSubWarpCtaThreads : G;  // of one CTA
+  static constexpr int kRowsPerCta = G <= kWarp ? kSubWarpCtaThreads / G : 1;
+  static constexpr int kRowThreads = G * C;
+  static constexpr int kWarps = G > kWarp ? G / kWarp : 1;
+  static constexpr int64_t kCapacity = static_cast<int64_t>(kRowThreads) * K * V;
+  // At least 1024 threads per SM (64 registers a thread at most): while one CTA reduces, another
+  // one's loads are in flight.
+  static constexpr int kMinCtasPerSm = 1024 / kThreads;
+
+  // This thread's row of the CTA (sub-warp groups) and its position among the row's threads.
+  __device__ __forceinline__ static int group() { return G <= kWarp ? threadIdx.x / G : 0; }
+  __device__ __forceinline__ static int lane() {
+    return (G <= kWarp ? threadIdx.x % G : threadIdx.x) + (C > 1 ? blockIdx.x % C : 0) * G;
+  }
+  __device__ __forceinline__ static int col(int k) { return (k * kRowThreads + lane()) * V; }
+};
+
+// Where a row sits: its query index i and its mask row (masked modes only, so the plain softmax
+// does no division). 32-bit division when the row count allows, which is almost always.
+struct RowPos {
+  int64_t i;
+  const bool* m;  // nullptr unless kExplicitMask
+};
+
+__device__ __forceinline__ RowPos row_pos(const SoftmaxFwdArgs& a, int64_t row) {
+  if (a.mode == te_fast_rules::kNoMask) return {0, nullptr};
+  int64_t i;
+  int64_t batch = 0;
+  if (a.rows <= 0xffffffffll) {
+    const uint32_t r = static_cast<uint32_t>(row);
+    i = r % static_cast<uint32_t>(a.sq);
+    if (a.mode == te_fast_rules::kExplicitMask) batch = r / static_cast<uint32_t>(a.heads * a.sq);
+  } else {
+    i = row % a.sq;
+    if (a.mode == te_fast_rules::kExplicitMask) batch = row / (a.heads * a.sq);
+  }
+  if (a.mode != te_fast_rules::kExplicitMask) return {i, nullptr};
+  return {i, a.mask + batch * a.mask_batch_stride + i * a.sk};
+}
+
+// e = exp(scale * x - max) of one kept value: base 2 with the scale folded in for fp16/bf16
+// (c = scale * log2 e), the accurate exp with a double argument for fp32 (c = scale).
+template <typename T>
+__device__ __forceinline__ float exp_of(float x, float c, float shift) {
+  if constexpr (kWide<T>) {
+    return exp_shifted<true>(x, c, shift);
+  } else {
+    return exp2f(fmaf(x, c, -shift));
+  }
+}
+
+// ---------------------------------------------------------------- register-resident kernels
+// Each CTA stays resident and walks its rows with a stride (a persistent grid). Before a thread
+// reduces row r it has already issued the loads of its next row, so every thread keeps reads in
+// flight through the reductions and the exponentials: two rows' chunks live in registers, as
+// loaded (packed 16-bit pairs stay packed until used).
+
+// V mask bytes as loaded, or nothing when the kernel has no explicit mask.
+template <int V, bool kMask>
+struct MaskChunk {
+  typename Raw<V>::type raw;
+  __device__ __forceinline__ void load(const bool* m) {
+    raw = *reinterpret_cast<const typename Raw<V>::type*>(m);
+  }
+  // Bit e set when column e of the chunk is masked out.
+  __device__ __forceinline__ uint32_t bits() const {
+    alignas(8) uint8_t b[V];
+    *reinterpret_cast<typename Raw<V>::type*>(b) = raw;
+    uint32_t out = 0;
+#pragma unroll
+    for (int e = 0; e < V; ++e) out |= b[e] ? 1u << e : 0u;
+    return out;
+  }
+};
+template <int V>
+struct MaskChunk<V, false> {
+  __device__ __forceinline__ void load(const bool*) {}
+  __device__ __forceinline__ uint32_t bits() const { return 0; }
+};
+
+// 2^x with the hardware's approximation (MUFU.EX2, a relative error of about 2^-22): results
+// under 2^-126 flush to 0, far below what an fp16/bf16 probability can hold next to the row's
+// largest, which is 1.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The forward computation of one row from this thread's chunks, however they are held:
+// chunk(k) gives chunk k as loaded, masked(k) the bits of its masked-out columns (explicit mask).
+// Columns at or past `limit` are masked (causal modes; 0 for a row past the end, which takes
+// part in the reductions and writes nothing). The values stay in registers from the first pass
+// to the write.
+//
+// fp16/bf16 with scale > 0 (the hot path: few instructions per element, so that the kernel keeps
+// up with HBM): masked columns become -inf, m = max x, e = 2^fma(x, c, -fl(m * c)) with
+// c = scale * log2 e (a masked -inf gives 0), y = e / sum e. The fma forms x * c - m exactly
+// before rounding, so large |x| lose nothing. Otherwise (fp32 data, or scale <= 0) masked
+// columns are tracked as bits and the max is taken of fl(x * c); fp32 takes the accurate expf of
+// an argument formed in double (exp_shifted), with sums and the final scaling in double.
+template <typename T, int V, int K, int G, int C, typename ChunkAt, typename MaskedAt,
+          typename MaxSlots, typename SumSlots>
+__device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row, int limit,
+                                            float c, ChunkAt chunk, MaskedAt masked,
+                                            MaxSlots& max_slots, SumSlots& sum_slots) {
+  using S = Shape<V, K, G, C>;
+  using A = Acc<T>;
+  constexpr int kE = K * V;
+  constexpr uint32_t kFull = V == 32 ? 0xffffffffu : (1u << V) - 1u;
+  static_assert(kE <= 32, "the kept-column bits of a thread are one 32-bit word");
+  const bool fast = !kWide<T> && c > 0.f;  // uniform across the row
+  float v[kE];
+  uint32_t on = 0;  // bit k * V + e: column e of chunk k is kept
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int j0 = S::col(k);
+    float* w = v + k * V;
+    if (j0 >= limit) {  // never loaded: wholly masked
+#pragma unroll
+      for (int e = 0; e < V; ++e) w[e] = -INFINITY;
+      continue;
+    }
+    chunk(k).unpack(w);
+    uint32_t bits = kFull;
+    if (j0 + V > limit) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) bits &= j0 + e < limit ? kFull : ~(1u << e);
+    }
+    bits &= ~masked(k);
+    on |= bits << (k * V);
+    if (bits != kFull) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) w[e] = bits >> e & 1u ? w[e] : -INFINITY;
+    }
+    if (fast) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) mx = fmaxf(mx, w[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        if (bits >> e & 1u) mx = fmaxf(mx, w[e] * c);
+      }
+    }
+  }
+  mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
+  // fl(m * c) is the max of fl(x * c) when c > 0; all kept scores -inf: every e is 0.
+  const float shift = mx == -INFINITY ? 0.f : (fast ? mx * c : mx);
+  A part = 0;
+  if (fast) {
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      v[e] = fast_exp2(fmaf(v[e], c, -shift));
+      part += v[e];
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      v[e] = on >> e & 1u ? exp_of<T>(v[e], c, shift) : 0.f;
+      part += v[e];
+    }
+  }
+  const A sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
+  const A inv = sum == A(0) ? A(0) : A(1) / sum;  // fully masked row -> 0
+  if (row >= a.rows) return;
+  T* y = static_cast<T*>(a.y) + row * a.sk;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int j0 = S::col(k);
+    if (j0 >= a.sk) continue;
+    float o[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) o[e] = static_cast<float>(v[k * V + e] * inv);
+    Chunk<T, V>::store(y + j0, o);
+  }
+}
+
+// One thread's share of one forward row held in registers (the one-element-access path).
+template <typename T, int V, int K, int G, int C, bool kMask>
+struct FwdRow {
+  using S = Shape<V, K, G, C>;
+  Chunk<T, V> x[K];
+  MaskChunk<V, kMask> m[K];
+  int64_t row;
+  int limit;
+
+  __device__ __forceinline__ void fetch(const SoftmaxFwdArgs& a, int64_t r) {
+    row = r;
+    const bool live = r < a.rows;
+    const RowPos p = live ? row_pos(a, r) : RowPos{0, nullptr};
+    limit = live ? static_cast<int>(kept_prefix(a.mode, p.i, a.sq, a.sk)) : 0;
+    const T* src = static_cast<const T*>(a.x) + (live ? r : 0) * a.sk;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int j0 = S::col(k);
+      if (j0 < limit) {  // chunks wholly past the causal limit are never read
+        x[k].load(src + j0);
+        m[k].load(p.m + j0);
+      }
+    }
+  }
+};
+
+// One thread's share of one backward row.
+template <typename T, int V, int K, int G, int C>
+struct BwdRow {
+  using S = Shape<V, K, G, C>;
+  Chunk<T, V> g[K];  // dy
+  Chunk<T, V> p[K];  // y
+  int64_t row;
+
+  __device__ __forceinline__ void fetch(const SoftmaxBwdArgs& a, int64_t r) {
+    row = r;
+    const bool live = r < a.rows;
+    const int64_t offset = (live ? r : 0) * a.sk;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int j0 = S::col(k);
+      if (live && j0 < a.sk) {
+        g[k].load(static_cast<const T*>(a.dy) + offset + j0);
+        p[k].load(static_cast<const T*>(a.y) + offset + j0);
+      } else {
+        g[k].clear();
+        p[k].clear();
+      }
+    }
+  }
+
+  template <typename SumSlots>
+  __device__ __forceinline__ void process(const SoftmaxBwdArgs& a, SumSlots& sum_slots) const {
+    Acc<T> part = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float gf[V];
+      float pf[V];
+      g[k].unpack(gf);
+      p[k].unpack(pf);
+#pragma unroll
+      for (int e = 0; e < V; ++e) part += gf[e] * pf[e];
+    }
+    const float dot = static_cast<float>(row_reduce<G, C>(part, SumOp{}, sum_slots));
+    if (row >= a.rows) return;
+    T* dx = static_cast<T*>(a.dx) + row * a.sk;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int j0 = S::col(k);
+      if (j0 >= a.sk) continue;
+      float gf[V];
+      float pf[V];
+      g[k].unpack(gf);
+      p[k].unpack(pf);
+#pragma unroll
+      for (int e = 0; e < V; ++e) gf[e] = a.scale * pf[e] * (gf[e] - dot);
+      Chunk<T, V>::store(dx + j0, gf);
+    }
+  }
+};
+
+// Walks this thread's rows (uniform steps across each row's threads and the whole cluster),
+// with the next row's loads issued before the current row is processed. Two Row objects take
+// turns, so that no register copy waits on a load in flight.
+template <int kRowsPerCta, int C, int G, typename Row, typename Args, typename Process>
+__device__ __forceinline__ void pipelined_rows(const Args& a, Process process) {
+  const int group = G <= kWarp ? threadIdx.x / G : 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x / C) * kRowsPerCta;
+  int64_t base = static_cast<int64_t>(blockIdx.x / C) * kRowsPerCta;
+  Row r0;
+  Row r1;
+  r0.fetch(a, base + group);
+  while (base < a.rows) {
+    r1.fetch(a, base + stride + group);
+    process(r0);
+    base += stride;
+    if (base >= a.rows) break;
+    r0.fetch(a, base + stride + group);
+    process(r1);
+    base += stride;
+  }
+}
+
+// One element per access: one row at a time, held in registers.
+template <typename T, int V, int K, int G, int C, bool kMask>
+__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>::kMinCtasPerSm)
+    softmax_fwd_rows(SoftmaxFwdArgs a) {
+  using S = Shape<V, K, G, C>;
+  __shared__ Slots<float, S::kWarps> max_slots;
+  __shared__ Slots<Acc<T>, S::kWarps> sum_slots;
+  const float c = kWide<T> ? a.scale : static_cast<float>(static_cast<double>(a.scale) * kLog2e);
+  const int64_t stride = static_cast<int64_t>(gridDim.x / C) * S::kRowsPerCta;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x / C) * S::kRowsPerCta; base < a.rows;
+       base += stride) {
+    FwdRow<T, V, K, G, C, kMask> r;
+    r.fetch(a, base + S::group());
+    forward_row<T, V, K, G, C>(
+        a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k].bits(); },
+        max_slots, sum_slots);
+  }
+  cluster_exit<C>();
+}
+
+// cp.async (sm_80+): global -> shared without passing through registers.
+template <int Bytes>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (Bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(gmem), "n"(Bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// 16-byte chunks: rows are staged in shared memory, two deep. A thread copies its own chunks of
+// its next row into its own slots (cp.async) before it computes the current one from its other
+// slots, so the loads of every thread stay in flight through the reductions without holding
+// registers. No barrier orders the slots: each is written and read by one thread only.
+template <typename T, int V, int K, int G, int C, bool kMask>
+struct FwdStage {
+  using S = Shape<V, K, G, C>;
+  using R = typename Chunk<T, V>::R;
+  using M = typename Raw<V>::type;
+  static constexpr size_t kBytes = 2ull * K * S::kThreads * (sizeof(R) + (kMask ? sizeof(M) : 0));
+
+  R* xs;  // [2][K][kThreads]
+  M* ms;  // [2][K][kThreads] when kMask
+
+  __device__ __forceinline__ R* x_slot(int buf, int k) const {
+    return xs + (buf * K + k) * S::kThreads + threadIdx.x;
+  }
+  __device__ __forceinline__ M* m_slot(int buf, int k) const {
+    return ms + (buf * K + k) * S::kThreads + threadIdx.x;
+  }
+
+  // Starts copying row r into buffer `buf`; returns the row's limit.
+  __device__ __forceinline__ int fetch(const SoftmaxFwdArgs& a, int buf, int64_t r) const {
+    const bool live = r < a.rows;
+    const RowPos p = live ? row_pos(a, r) : RowPos{0, nullptr};
+    const int limit = live ? static_cast<int>(kept_prefix(a.mode, p.i, a.sq, a.sk)) : 0;
+    const T* src = static_cast<const T*>(a.x) + (live ? r : 0) * a.sk;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int j0 = S::col(k);
+      if (j0 < limit) {  // chunks wholly past the causal limit are never read
+        cp_async<sizeof(R)>(x_slot(buf, k), src + j0);
+        if constexpr (kMask) cp_async<sizeof(M)>(m_slot(buf, k), p.m + j0);
+      }
+    }
+    cp_async_commit();
+    return limit;
+  }
+};
+
+template <typename T, int V, int K, int G, int C, bool kMask>
+__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>::kMinCtasPerSm)
+    softmax_fwd_staged(SoftmaxFwdArgs a) {
+  using S = Shape<V, K, G, C>;
+  using St = FwdStage<T, V, K, G, C, kMask>;
+  extern __shared__ uint4 stage_smem[];
+  __shared__ Slots<float, S::kWarps> max_slots;
+  __shared__ Slots<Acc<T>, S::kWarps> sum_slots;
+  St st;
+  st.xs = reinterpret_cast<typename St::R*>(stage_smem);
+  st.ms = reinterpret_cast<typename St::M*>(st.xs + 2 * K * S::kThreads);
+  const float c = kWide<T> ? a.scale : static_cast<float>(static_cast<double>(a.scale) * kLog2e);
+  const int group = S::group();
+  const int64_t stride = static_cast<int64_t>(gridDim.x / C) * S::kRowsPerCta;
+  int64_t base = static_cast<int64_t>(blockIdx.x / C) * S::kRowsPerCta;
+  auto compute = [&](int buf, int64_t row, int limit) {
+    cp_async_wait<1>();  // this row's copies (all but the newest group) have landed
+    forward_row<T, V, K, G, C>(
+        a, row, limit, c, [&](int k) { return Chunk<T, V>{*st.x_slot(buf, k)}; },
+        [&](int k) {
+          if constexpr (kMask) {
+            MaskChunk<V, true> m{*st.m_slot(buf, k)};
+            return m.bits();
+          } else {
+            return 0u;
+          }
+        },
+        max_slots, sum_slots);
+  };
+  int limit0 = st.fetch(a, 0, base + group);
+  while (base < a.rows) {
+    const int limit1 = st.fetch(a, 1, base + stride + group);
+    compute(0, base + group, limit0);
+    base += stride;
+    if (base >= a.rows) break;
+    limit0 = st.fetch(a, 0, base + stride + group);
+    compute(1, base + group, limit1);
+    base += stride;
+  }
+  cp_async_wait<0>();
+  cluster_exit<C>();
+}
+
+template <typename T, int V, int K, int G, int C, bool kUnused>
+__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>::kMinCtasPerSm)
+    softmax_bwd_rows(SoftmaxBwdArgs a) {
+  using S = Shape<V, K, G, C>;
+  __shared__ Slots<Acc<T>, S::kWarps> sum_slots;
+  pipelined_rows<S::kRowsPerCta, C, G, BwdRow<T, V, K, G, C>>(
+      a, [&](const BwdRow<T, V, K, G, C>& r) { r.process(a, sum_slots); });
+  cluster_exit<C>();
+}
+
+// ---------------------------------------------------------------- two-pass kernels (any length)
+// One CTA per row; thread t takes the chunks from t * V, t * V + blockDim.x * V, ... The forward
+// makes one online (max, sum) pass and one write pass, the backward one dot-product pass and one
+// write pass; the second pass re-reads the row (from L2 when it is still there).
+
+struct MaxSum {
+  float m;   // running max of fl(c * x)
+  double s;  // sum of exp(c * x - m)
+};
+
+__device__ __forceinline__ float max_nan(float a, float b) { return (a != a || a > b) ? a : b; }
+
+// exp(from - to) in the kernel's base: 2 for fp16/bf16 (log2 e is folded into c), e for fp32.
+__device__ __forceinline__ double rescale(float from, float to, bool two) {
+  const double d = static_cast<double>(from) - to;
+  return two ? exp2(d) : exp(d);
+}
+
+// Folds the kept values of one chunk into the running (max, sum). A NaN becomes the max, which
+// makes the sum NaN: the row is poisoned, as in a plain softmax.
+template <typename T, int V>
+__device__ __forceinline__ void online_add(MaxSum& t, const float* x, uint32_t bits, float c,
+                                           bool two) {
+  float cm = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    if (bits >> e & 1u) cm = max_nan(cm, x[e] * c);
+  }
+  if (cm == -INFINITY) return;
+  const float m = max_nan(t.m, cm);
+  Acc<T> cs = 0;
+#pragma unroll
+  for (int e = 0; e < V; ++e) cs += bits >> e & 1u ? exp_of<T>(x[e], c, m) : 0.f;
+  // The rescale factor multiplies a whole partial sum: take it in double.
+  t.s = (t.m == -INFINITY ? 0.0 : t.s * rescale(t.m, m, two)) + static_cast<double>(cs);
+  t.m = m;
+}
+
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b, bool two) {
+  if (b.m == -INFINITY) return a;
+  if (a.m == -INFINITY) return b;
+  const float m = max_nan(a.m, b.m);
+  return {m, a.s * rescale(a.m, m, two) + b.s * rescale(b.m, m, two)};
+}
+
+__device__ inline MaxSum block_merge(MaxSum t, MaxSum* smem, bool two) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    t = merge(t, {__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o)},
+              two);
+  }
+  if (lane == 0) smem[warp] = t;
+  __syncthreads();
+  t = smem[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) t = merge(t, smem[w], two);
+  __syncthreads();  // smem is reused by the next row
+  return t;
+}
+
+template <typename T, int V>
+__device__ __forceinline__ uint32_t load_kept(const T* x, int64_t j0, const RowPos& r,
+                                              int64_t limit, float* v) {
+  uint32_t bits = 0;
+  if (j0 < limit) {
+    Chunk<T, V> ch;
+    ch.load(x + j0);
+    ch.unpack(v);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      bits |= j0 + e < limit && (r.m == nullptr || !r.m[j0 + e]) ? 1u << e : 0u;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = 0.f;
+  }
+  return bits;
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArgs a) {
+  __shared__ MaxSum smem[kBlockThreads / kWarp];
+  const bool two = !kWide<T>;
+  const float c = kWide<T> ? a.scale : static_cast<float>(static_cast<double>(a.scale) * kLog2e);
+  const int64_t step = static_cast<int64_t>(blockDim.x) * V;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const RowPos r = row_pos(a, row);
+    const int64_t limit = kept_prefix(a.mode, r.i, a.sq, a.sk);
+    const T* x = static_cast<const T*>(a.x) + row * a.sk;
+    MaxSum t{-INFINITY, 0.0};
+    for (int64_t j0 = threadIdx.x * V; j0 < limit; j0 += step) {
+      float v[V];
+      const uint32_t bits = load_kept<T, V>(x, j0, r, limit, v);
+      online_add<T, V>(t, v, bits, c, two);
+    }
+    t = block_merge(t, smem, two);
+    const double inv = t.s == 0.0 ? 0.0 : 1.0 / t.s;  // fully masked row -> 0
+    const Acc<T> inv_acc = static_cast<Acc<T>>(inv);
+    T* y = static_cast<T*>(a.y) + row * a.sk;
+    for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
+      float v[V];
+      const uint32_t bits = load_kept<T, V>(x, j0, r, limit, v);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        v[e] = bits >> e & 1u ? static_cast<float>(exp_of<T>(v[e], c, t.m) * inv_acc) : 0.f;
+      }
+      Chunk<T, V>::store(y + j0, v);
+    }
+  }
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArgs a) {
+  __shared__ Slots<Acc<T>, kBlockThreads / kWarp> slots;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * V;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const T* dy = static_cast<const T*>(a.dy) + row * a.sk;
+    const T* y = static_cast<const T*>(a.y) + row * a.sk;
+    Acc<T> part = 0;
+    for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
+      float g[V];
+      float p[V];
+      Chunk<T, V> cg;
+      Chunk<T, V> cp;
+      cg.load(dy + j0);
+      cp.load(y + j0);
+      cg.unpack(g);
+      cp.unpack(p);
+#pragma unroll
+      for (int e = 0; e < V; ++e) part += g[e] * p[e];
+    }
+    const float dot = static_cast<float>(row_reduce<kBlockThreads, 1>(part, SumOp{}, slots));
+    __syncthreads();  // the slots are reused by the next row
+    T* dx = static_cast<T*>(a.dx) + row * a.sk;
+    for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
+      float g[V];
+      float p[V];
+      Chunk<T, V> cg;
+      Chunk<T, V> cp;
+      cg.load(dy + j0);
+      cp.load(y + j0);
+      cg.unpack(g);
+      cp.unpack(p);
+#pragma unroll
+      for (int e = 0; e < V; ++e) g[e] = a.scale * p[e] * (g[e] - dot);
+      Chunk<T, V>::store(dx + j0, g);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- launch
+
+inline bool aligned(const void* p, int bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Whether every row can be read and written V elements at a time: whole chunks per row, and
+// each tensor's start aligned to a chunk (rows then are too).
+template <typename T>
+bool chunks_fit(const SoftmaxFwdArgs& a, int v) {
+  const int bytes = v * static_cast<int>(sizeof(T));
+  const bool mask_ok = a.mode != te_fast_rules::kExplicitMask || aligned(a.mask, v);
+  return a.sk % v == 0 && aligned(a.x, bytes) && aligned(a.y, bytes) && mask_ok;
+}
+
+template <typename T>
+bool chunks_fit(const SoftmaxBwdArgs& a, int v) {
+  const int bytes = v * static_cast<int>(sizeof(T));
+  return a.sk % v == 0 && aligned(a.dy, bytes) && aligned(a.y, bytes) && aligned(a.dx, bytes);
+}
+
+// Thread-block clusters (sm_90+) carry the longest register-resident rows.
+inline bool clusters_supported() {
+  int device = 0;
+  int major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return false;
+  }
+  return major >= 9;
+}
+
+// CTAs of `kernel` that one SM holds at once (cached per kernel: the query is not free).
+// The first call also raises the kernel's dynamic shared memory limit to what it uses.
+template <typename Kn, typename Kernel>
+int resident_ctas_per_sm(Kernel kernel, int threads, size_t smem) {
+  static int cached = 0;  // one per kernel (Kn); the same for every device of one architecture
+  if (cached == 0) {
+    if (smem > 0) {  // dynamic plus static shared memory may pass the default 48 KiB
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+    }
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
+      n = 1;
+    }
+    cached = n > 0 ? n : 1;
+  }
+  return cached;
+}
+
+inline int sm_count() {
+  int device = 0;
+  int n = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 1;
+  }
+  return n;
+}
+
+// A persistent grid: as many CTAs (whole clusters) as stay resident, never more than the rows
+// need.
+template <typename Kn, typename Args>
+cudaError_t launch_rows(int rows_per_cta, int threads, int cluster, const Args& a,
+                        cudaStream_t stream) {
+  const auto kernel = Kn::get();
+  const size_t smem = Kn::smem();
+  const int64_t needed = (a.rows + rows_per_cta - 1) / rows_per_cta;  // CTAs (or clusters)
+  const int64_t resident = static_cast<int64_t>(sm_count()) *
+                           resident_ctas_per_sm<Kn>(kernel, threads, smem) / cluster;
+  int64_t units = needed < resident ? needed : (resident > 0 ? resident : 1);
+  units = units < kMaxCtas ? units : kMaxCtas;
+  const dim3 grid(static_cast<unsigned>(units * cluster));
+  if (cluster == 1) {
+    kernel<<<grid, threads, smem, stream>>>(a);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, a);
+}
+
+// Forward and backward share the dispatch: Kernel<T, V, K, G, C, kMask>::get() names the kernel.
+// (16-byte chunks of the forward are staged in shared memory; smem() is its dynamic size.)
+template <typename T, int V, int K, int G, int C, bool kMask>
+struct FwdKernel {
+  static constexpr bool kStaged = V > 1;
+  static auto get() {
+    if constexpr (kStaged) {
+      return softmax_fwd_staged<T, V, K, G, C, kMask>;
+    } else {
+      return softmax_fwd_rows<T, V, K, G, C, kMask>;
+    }
+  }
+  static size_t smem() { return kStaged ? FwdStage<T, V, K, G, C, kMask>::kBytes : 0; }
+};
+template <typename T, int V, int K, int G, int C, bool kMask>
+struct BwdKernel {
+  static auto get() { return softmax_bwd_rows<T, V, K, G, C, kMask>; }
+  static size_t smem() { return 0; }
+};
+
+// Launches configuration (V, K, G, C) when it holds a row of sk columns; false otherwise.
+template <template <typename, int, int, int, int, bool> class Kernel, typename T, int V, int K,
+          int G, int C, bool kMask, typename Args>
+bool try_shape(const Args& a, cudaStream_t stream, cudaError_t& err) {
+  using S = Shape<V, K, G, C>;
+  if (a.sk > S::kCapacity) return false;
+  using Kn = Kernel<T, V, K, G, C, kMask>;
+  err = launch_rows<Kn>(S::kRowsPerCta, S::kThreads, C, a, stream);
+  return true;
+}
+
+// The configurations of V columns per chunk and at most KMax chunks per thread, smallest first.
+// A thread takes up to KMax chunks before a row spreads over more threads (more loads in flight,
+// fewer shuffles): one thread for a row of one chunk, two for up to 2 * KMax chunks, then 4 .. 32
+// lanes of a warp, then one CTA of 64 .. 512 threads, then clusters of 2, 4 and 8 such CTAs.
+// Each row takes the smallest that holds it.
+template <template <typename, int, int, int, int, bool> class Kernel, typename T, int V, int KMax,
+          bool kMask, typename Args>
+bool launch_registers(const Args& a, cudaStream_t stream, cudaError_t& err) {
+  constexpr int K = KMax;
+  if constexpr (V > 1) {
+    // Two threads per row at least once a row has two chunks: a warp's access then covers whole
+    // 32-byte sectors (one thread per row would touch half of one sector per row and access).
+    if (try_shape<Kernel, T, V, 1, 1, 1, kMask>(a, stream, err)) return true;
+    if constexpr (K >= 4) {
+      if (try_shape<Kernel, T, V, K / 4, 2, 1, kMask>(a, stream, err)) return true;
+    }
+    if constexpr (K >= 2) {
+      if (try_shape<Kernel, T, V, K / 2, 2, 1, kMask>(a, stream, err)) return true;
+    }
+    if (try_shape<Kernel, T, V, K, 2, 1, kMask>(a, stream, err) ||
+        try_shape<Kernel, T, V, K, 4, 1, kMask>(a, stream, err) ||
+        try_shape<Kernel, T, V, K, 8, 1, kMask>(a, stream, err) ||
+        try_shape<Kernel, T, V, K, 16, 1, kMask>(a, stream, err)) {
+      return true;
+    }
+  } else {  // one element per access is the fallback path: fewer shapes
+    if (try_shape<Kernel, T, V, K, 1, 1, kMask>(a, stream, err) ||
+        try_shape<Kernel, T, V, K, 8, 1, kMask>(a, stream, err)) {
+      return true;
+    }
+  }
+  if (try_shape<Kernel, T, V, K, 32, 1, kMask>(a, stream, err) ||
+      try_shape<Kernel, T, V, K, 64, 1, kMask>(a, stream, err) ||
+      try_shape<Kernel, T, V, K, 128, 1, kMask>(a, stream, err) ||
+      try_shape<Kernel, T, V, K, 256, 1, kMask>(a, stream, err) ||
+      try_shape<Kernel, T, V, K, 512, 1, kMask>(a, stream, err)) {
+    return true;
+  }
+  if (!clusters_supported()) return false;
+  return try_shape<Kernel, T, V, K, 512, 2, kMask>(a, stream, err) ||
+         try_shape<Kernel, T, V, K, 512, 4, kMask>(a, stream, err) ||
+         try_shape<Kernel, T, V, K, 512, 8, kMask>(a, stream, err);
+}
+
+template <typename Args, typename Kernel>
+cudaError_t launch_block(Kernel kernel, const Args& a, cudaStream_t stream) {
+  const int64_t ctas = a.rows < kMaxCtas ? a.rows : kMaxCtas;
+  kernel<<<static_cast<unsigned>(ctas), kBlockThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// Chunks per thread, chosen so that nothing spills under the 64-register cap: a forward thread
+// takes 32 fp16/bf16 values or 16 fp32 ones per row (two rows staged in shared memory; one row
+// of 16, or 8 fp32, in registers for one-element chunks); a backward thread holds two rows of
+// 2 chunks of dy and y each (8 values of each for one-element chunks).
+template <typename T, bool kMask>
+cudaError_t softmax_fwd_masked(const SoftmaxFwdArgs& a, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  if (chunks_fit<T>(a, kVec<T>)) {
+    if (launch_registers<FwdKernel, T, kVec<T>, 16 / kVec<T> * (kWide<T> ? 1 : 2), kMask>(
+            a, stream, err)) {
+      return err;
+    }
+    return launch_block(softmax_fwd_block<T, kVec<T>>, a, stream);
+  }
+  if (launch_registers<FwdKernel, T, 1, kWide<T> ? 8 : 16, kMask>(a, stream, err)) return err;
+  return launch_block(softmax_fwd_block<T, 1>, a, stream);
+}
+
+template <typename T>
+cudaError_t softmax_fwd_typed(const SoftmaxFwdArgs& a, cudaStream_t stream) {
+  if (a.mode == te_fast_rules::kExplicitMask) return softmax_fwd_masked<T, true>(a, stream);
+  return softmax_fwd_masked<T, false>(a, stream);
+}
+
+template <typename T>
+cudaError_t softmax_bwd_typed(const SoftmaxBwdArgs& a, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  if (chunks_fit<T>(a, kVec<T>)) {
+    if (launch_registers<BwdKernel, T, kVec<T>, 2, false>(a, stream, err)) return err;
+    return launch_block(softmax_bwd_block<T, kVec<T>>, a, stream);
+  }
+  if (launch_registers<BwdKernel, T, 1, 8, false>(a, stream, err)) return err;
+  return launch_block(softmax_bwd_block<T, 1>, a, stream);
+}
+
+}  // namespace softmax_detail
+}  // namespace te_fast_kernels
