@@ -1,5 +1,6 @@
-// THD <-> BSHD token-row copies. Rows are copied in the widest unit (16/8/4/2/1 bytes) that the
-// row size and both pointers allow, so one kernel per direction serves every dtype, fp8 included.
+// THD <-> BSHD token-row copies, one warp per token row. Rows are copied in the widest unit
+// (16/8/4/2/1 bytes) that the row size and both pointers allow, so one kernel per direction
+// serves every dtype, fp8 included.
 // Bad cu_seqlens never cause an out-of-bounds access: every read is guarded by the shared
 // te_fast_rules::sequence_ok rule, and the affected sequences (all of the output when cu_seqlens
 // is not monotone) are written as NaN, a visible signal that costs no host sync.
@@ -12,6 +13,8 @@ namespace te_fast_kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = kThreads / kWarp;
 constexpr int64_t kMaxBlocks = 1 << 20;
 
 // Whole-array rule, checked by every block before it copies: overlapping sequences from a
@@ -22,6 +25,35 @@ __device__ bool block_cu_seqlens_monotone(const int32_t* cu, int64_t batch) {
   return !__syncthreads_or(bad);
 }
 
+// One warp moves one token row: four independent 16-byte (or narrower) loads in flight per lane
+// before the first store.
+template <typename U>
+__device__ __forceinline__ void copy_row(const U* __restrict__ src, U* __restrict__ dst,
+                                         int64_t units, int lane) {
+  int64_t u = lane;
+  for (; u + 3 * kWarp < units; u += 4 * kWarp) {
+    const U a0 = src[u];
+    const U a1 = src[u + kWarp];
+    const U a2 = src[u + 2 * kWarp];
+    const U a3 = src[u + 3 * kWarp];
+    dst[u] = a0;
+    dst[u + kWarp] = a1;
+    dst[u + 2 * kWarp] = a2;
+    dst[u + 3 * kWarp] = a3;
+  }
+  for (; u < units; u += kWarp) dst[u] = src[u];
+}
+
+template <typename U>
+__device__ __forceinline__ void fill_row(U* dst, int64_t units, int lane, U value) {
+  for (int64_t u = lane; u < units; u += kWarp) dst[u] = value;
+}
+
+// Warp w of the grid takes rows w, w + warps, ...: per-row index arithmetic, not per unit.
+#define TE_FAST_FOR_EACH_WARP_ROW(row, rows)                                                     \
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; \
+       row < (rows); row += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock)
+
 template <typename U>
 __global__ void __launch_bounds__(kThreads) thd_to_bshd_kernel(ConvertArgs a, int64_t units,
                                                                U nan_unit) {
@@ -29,20 +61,18 @@ __global__ void __launch_bounds__(kThreads) thd_to_bshd_kernel(ConvertArgs a, in
   U* dst = static_cast<U*>(a.dst);
   const int32_t* cu = a.cu_seqlens;
   const bool monotone = block_cu_seqlens_monotone(cu, a.batch);
-  const int64_t total = a.batch * a.seqlen * units;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = idx / units;
-    const int64_t u = idx - row * units;
+  const int lane = threadIdx.x % kWarp;
+  TE_FAST_FOR_EACH_WARP_ROW(row, a.batch * a.seqlen) {
     const int64_t x = row / a.seqlen;
     const int64_t s = row - x * a.seqlen;
-    U value{};
+    U* out = dst + row * units;
     if (!monotone || !te_fast_rules::sequence_ok(cu, x, a.tokens, a.seqlen)) {
-      value = nan_unit;
+      fill_row(out, units, lane, nan_unit);
     } else if (s < cu[x + 1] - cu[x]) {
-      value = src[(cu[x] + s) * units + u];
+      copy_row(src + (cu[x] + s) * units, out, units, lane);
+    } else {
+      fill_row(out, units, lane, U{});  // padding
     }
-    dst[idx] = value;
   }
 }
 
@@ -55,31 +85,33 @@ __global__ void __launch_bounds__(kThreads) bshd_to_thd_kernel(ConvertArgs a, in
   const int64_t used = cu[a.batch];
   const bool tokens_ok =
       block_cu_seqlens_monotone(cu, a.batch) && cu[0] == 0 && used >= 0 && used <= a.tokens;
-  const int64_t total = a.tokens * units;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / units;
-    const int64_t u = idx - r * units;
-    U value{};  // rows past cu_seqlens[-1] stay zero
+  const int lane = threadIdx.x % kWarp;
+  TE_FAST_FOR_EACH_WARP_ROW(r, a.tokens) {
+    U* out = dst + r * units;
     if (!tokens_ok) {
-      value = nan_unit;
-    } else if (r < used) {
-      // The sequence holding token r: the last x with cu[x] <= r (skips empty sequences).
-      int64_t lo = 0;
-      int64_t hi = a.batch - 1;
-      while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= r) lo = mid; else hi = mid - 1;
-      }
-      if (te_fast_rules::sequence_ok(cu, lo, a.tokens, a.seqlen) && r < cu[lo + 1]) {
-        value = src[(lo * a.seqlen + (r - cu[lo])) * units + u];
-      } else {
-        value = nan_unit;
-      }
+      fill_row(out, units, lane, nan_unit);
+      continue;
     }
-    dst[idx] = value;
+    if (r >= used) {
+      fill_row(out, units, lane, U{});  // rows past cu_seqlens[-1] stay zero
+      continue;
+    }
+    // The sequence holding token r: the last x with cu[x] <= r (skips empty sequences).
+    int64_t lo = 0;
+    int64_t hi = a.batch - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (cu[mid] <= r) lo = mid; else hi = mid - 1;
+    }
+    if (te_fast_rules::sequence_ok(cu, lo, a.tokens, a.seqlen) && r < cu[lo + 1]) {
+      copy_row(src + (lo * a.seqlen + (r - cu[lo])) * units, out, units, lane);
+    } else {
+      fill_row(out, units, lane, nan_unit);
+    }
   }
 }
+
+#undef TE_FAST_FOR_EACH_WARP_ROW
 
 template <typename U>
 U replicate_nan(const ConvertArgs& a) {
@@ -93,9 +125,9 @@ U replicate_nan(const ConvertArgs& a) {
 template <bool kToBshd, typename U>
 cudaError_t launch_unit(const ConvertArgs& a, cudaStream_t stream) {
   const int64_t units = a.row_bytes / static_cast<int64_t>(sizeof(U));
-  const int64_t total = (kToBshd ? a.batch * a.seqlen : a.tokens) * units;
-  if (total == 0) return cudaSuccess;
-  int64_t blocks = (total + kThreads - 1) / kThreads;
+  const int64_t rows = kToBshd ? a.batch * a.seqlen : a.tokens;
+  if (rows == 0) return cudaSuccess;
+  int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   blocks = blocks < kMaxBlocks ? blocks : kMaxBlocks;
   const U nan_unit = replicate_nan<U>(a);
   if (kToBshd) {
