@@ -1,4 +1,4 @@
-// te_fast operator schemas (one place) and their CPU implementations.
+// te_fast operator schemas (from the one list in op_list.h) and their CPU implementations.
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "op_list.h"
 #include "op_table.h"
 #include "rules.h"
 
@@ -22,19 +23,11 @@ PyMODINIT_FUNC PyInit__C(void) {
   return PyModule_Create(&module_def);
 }
 
+// One m.def per op of op_list.h, e.g. "scaled_softmax_fwd(Tensor x, float scale) -> Tensor".
 TORCH_LIBRARY(te_fast, m) {
-  m.def("scaled_softmax_fwd(Tensor x, float scale) -> Tensor");
-  m.def("scaled_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
-  m.def("scaled_masked_softmax_fwd(Tensor x, Tensor mask, float scale) -> Tensor");
-  m.def("scaled_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
-  m.def("scaled_upper_triang_masked_softmax_fwd(Tensor x, float scale) -> Tensor");
-  m.def("scaled_upper_triang_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
-  m.def("scaled_aligned_causal_masked_softmax_fwd(Tensor x, float scale) -> Tensor");
-  m.def("scaled_aligned_causal_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
-  m.def(
-      "convert_thd_to_bshd(Tensor thd, Tensor cu_seqlens, SymInt batch_size, SymInt max_seqlen)"
-      " -> Tensor");
-  m.def("convert_bshd_to_thd(Tensor bshd, Tensor cu_seqlens, SymInt num_tokens) -> Tensor");
+#define TE_FAST_DEF(op_, entry_, mask_mode_, rank_) m.def(#op_ TE_FAST_SCHEMA_##entry_);
+  TE_FAST_OPS(TE_FAST_DEF)
+#undef TE_FAST_DEF
 }
 
 namespace te_fast {
