@@ -1,6 +1,7 @@
 // The entry points of the ops in op_list.h, written once for every backend. A backend supplies
-// the four kernels (softmax forward/backward over prepared rows, and the two token-row copies);
-// the argument checks, contiguity, output allocation and registration are shared here.
+// three kernels (softmax forward and backward over prepared rows, and the token-row copy of the
+// THD <-> BSHD conversions); the argument checks, contiguity, output allocation and
+// registration are shared here.
 #pragma once
 
 #include <torch/library.h>
@@ -25,6 +26,24 @@ struct SoftmaxBwdPlan {
   at::Tensor dx;  // fresh, contiguous
   RowGeometry g;
 };
+
+// A THD <-> BSHD conversion, checked and allocated: what a backend's convert kernel needs.
+struct ConvertPlan {
+  const char* op;
+  bool to_bshd;     // thd -> bshd (zero padding); else bshd -> thd (zero trailing tokens)
+  at::Tensor src;   // contiguous
+  at::Tensor cu;    // contiguous, int32 [batch + 1]
+  at::Tensor out;   // fresh, contiguous
+  ConvertShape s;
+  const char* tokens_name;  // how messages call s.tokens and s.seqlen: the op's own arguments
+  const char* seqlen_name;
+};
+
+// Full validation of cu_seqlens values that are on the host.
+inline void validate_cu_seqlens(const ConvertPlan& p, const int32_t* host_cu) {
+  validate_cu_seqlens_values(p.op, host_cu, p.s.batch, p.s.tokens, p.tokens_name, p.s.seqlen,
+                             p.seqlen_name);
+}
 
 // One tag type per op of TE_FAST_OPS, named like the op: what its entry point needs to know.
 namespace op {
@@ -93,22 +112,22 @@ struct OpTable {
   static at::Tensor thd_to_bshd(const at::Tensor& thd, const at::Tensor& cu_seqlens,
                                 int64_t batch_size, int64_t max_seqlen) {
     const ConvertShape s = check_thd_to_bshd(Op::name, thd, cu_seqlens, batch_size, max_seqlen);
-    const at::Tensor src = thd.contiguous();
-    const at::Tensor cu = cu_seqlens.contiguous();
-    at::Tensor out = at::empty({batch_size, max_seqlen, s.heads, s.dim}, thd.options());
-    if (batch_size > 0) Backend::thd_to_bshd(Op::name, src, cu, out, s);
-    return out;
+    ConvertPlan p{Op::name, true, thd.contiguous(), cu_seqlens.contiguous(), {}, s,
+                  "thd.shape[0]", "max_seqlen"};
+    p.out = at::empty({batch_size, max_seqlen, s.heads, s.dim}, thd.options());
+    if (batch_size > 0) Backend::convert(p);
+    return p.out;
   }
 
   template <class Op>
   static at::Tensor bshd_to_thd(const at::Tensor& bshd, const at::Tensor& cu_seqlens,
                                 int64_t num_tokens) {
     const ConvertShape s = check_bshd_to_thd(Op::name, bshd, cu_seqlens, num_tokens);
-    const at::Tensor src = bshd.contiguous();
-    const at::Tensor cu = cu_seqlens.contiguous();
-    at::Tensor out = at::empty({num_tokens, s.heads, s.dim}, bshd.options());
-    if (num_tokens > 0) Backend::bshd_to_thd(Op::name, src, cu, out, s);
-    return out;
+    ConvertPlan p{Op::name, false, bshd.contiguous(), cu_seqlens.contiguous(), {}, s,
+                  "num_tokens", "bshd.shape[1]"};
+    p.out = at::empty({num_tokens, s.heads, s.dim}, bshd.options());
+    if (num_tokens > 0) Backend::convert(p);
+    return p.out;
   }
 
   static void register_all(torch::Library& m) {
