@@ -1,11 +1,13 @@
-// The ten op entry points, written once for every backend. A backend supplies the four kernels
-// (softmax forward/backward over prepared rows, and the two token-row copies); the argument
-// checks, contiguity, output allocation and registration are shared here.
+// The entry points of the ops in op_list.h, written once for every backend. A backend supplies
+// three kernels (softmax forward and backward over prepared rows, and the token-row copy of the
+// THD <-> BSHD conversions); the argument checks, contiguity, output allocation and
+// registration are shared here.
 #pragma once
 
 #include <torch/library.h>
 
 #include "checks.h"
+#include "op_list.h"
 #include "rules.h"
 
 namespace te_fast {
@@ -25,11 +27,47 @@ struct SoftmaxBwdPlan {
   RowGeometry g;
 };
 
+// A THD <-> BSHD conversion, checked and allocated: what a backend's convert kernel needs.
+struct ConvertPlan {
+  const char* op;
+  bool to_bshd;     // thd -> bshd (zero padding); else bshd -> thd (zero trailing tokens)
+  at::Tensor src;   // contiguous
+  at::Tensor cu;    // contiguous, int32 [batch + 1]
+  at::Tensor out;   // fresh, contiguous
+  ConvertShape s;
+  const char* tokens_name;  // how messages call s.tokens and s.seqlen: the op's own arguments
+  const char* seqlen_name;
+};
+
+// Full validation of cu_seqlens values that are on the host.
+inline void validate_cu_seqlens(const ConvertPlan& p, const int32_t* host_cu) {
+  validate_cu_seqlens_values(p.op, host_cu, p.s.batch, p.s.tokens, p.tokens_name, p.s.seqlen,
+                             p.seqlen_name);
+}
+
+// One tag type per op of TE_FAST_OPS, named like the op: what its entry point needs to know.
+namespace op {
+#define TE_FAST_TAG(op_, entry_, mask_mode_, rank_)              \
+  struct op_ {                                                   \
+    static constexpr const char* name = #op_;                    \
+    static constexpr int mask_mode = te_fast_rules::mask_mode_;  \
+    static constexpr int64_t rank = rank_;                       \
+  };
+TE_FAST_OPS(TE_FAST_TAG)
+#undef TE_FAST_TAG
+}  // namespace op
+
+// The shape a softmax op's messages name for its rank.
+inline const char* softmax_layout(int64_t rank) {
+  return rank == 3 ? "[attn_batches, sq, sk]" : "[b, h, sq, sk]";
+}
+
 template <typename Backend>
 struct OpTable {
-  static at::Tensor softmax_fwd(const char* op, const at::Tensor& x, const at::Tensor* mask,
-                                double scale, int mode, int64_t dim, const char* layout) {
-    check_softmax_input(op, "x", x, dim, layout);
+  // Shared by the softmax entry points: checks, contiguous inputs, a fresh output, the kernel.
+  static at::Tensor run_softmax_fwd(const char* op, const at::Tensor& x, const at::Tensor* mask,
+                                    double scale, int mode, int64_t dim) {
+    check_softmax_input(op, "x", x, dim, softmax_layout(dim));
     if (mask != nullptr) check_softmax_mask(op, x, *mask);
     SoftmaxFwdPlan p;
     p.x = x.contiguous();
@@ -44,83 +82,58 @@ struct OpTable {
     return p.y;
   }
 
-  static at::Tensor softmax_bwd(const char* op, const at::Tensor& dy, const at::Tensor& y,
-                                double scale, int64_t dim, const char* layout) {
-    check_softmax_bwd(op, dy, y, dim, layout);
+  static at::Tensor run_softmax_bwd(const char* op, const at::Tensor& dy, const at::Tensor& y,
+                                    double scale, int64_t dim) {
+    check_softmax_bwd(op, dy, y, dim, softmax_layout(dim));
     SoftmaxBwdPlan p{dy.contiguous(), y.contiguous(), at::empty(y.sizes(), y.options()), {}};
     p.g = row_geometry(p.y);
     if (p.g.rows > 0) Backend::softmax_bwd(p, static_cast<float>(scale));
     return p.dx;
   }
 
-  static constexpr const char* k4d = "[b, h, sq, sk]";
-  static constexpr const char* k3d = "[attn_batches, sq, sk]";
+  // ---- the entry points: one template per `entry` of TE_FAST_OPS; Op is the op's tag
 
-  static at::Tensor scaled_softmax_fwd(const at::Tensor& x, double scale) {
-    return softmax_fwd("scaled_softmax_fwd", x, nullptr, scale, te_fast_rules::kNoMask, 4, k4d);
-  }
-  static at::Tensor scaled_softmax_bwd(const at::Tensor& dy, const at::Tensor& y, double scale) {
-    return softmax_bwd("scaled_softmax_bwd", dy, y, scale, 4, k4d);
-  }
-  static at::Tensor scaled_masked_softmax_fwd(const at::Tensor& x, const at::Tensor& mask,
-                                              double scale) {
-    return softmax_fwd("scaled_masked_softmax_fwd", x, &mask, scale, te_fast_rules::kExplicitMask,
-                       4, k4d);
-  }
-  static at::Tensor scaled_masked_softmax_bwd(const at::Tensor& dy, const at::Tensor& y,
-                                              double scale) {
-    return softmax_bwd("scaled_masked_softmax_bwd", dy, y, scale, 4, k4d);
-  }
-  static at::Tensor scaled_upper_triang_masked_softmax_fwd(const at::Tensor& x, double scale) {
-    return softmax_fwd("scaled_upper_triang_masked_softmax_fwd", x, nullptr, scale,
-                       te_fast_rules::kTopLeftCausal, 3, k3d);
-  }
-  static at::Tensor scaled_upper_triang_masked_softmax_bwd(const at::Tensor& dy,
-                                                           const at::Tensor& y, double scale) {
-    return softmax_bwd("scaled_upper_triang_masked_softmax_bwd", dy, y, scale, 3, k3d);
-  }
-  static at::Tensor scaled_aligned_causal_masked_softmax_fwd(const at::Tensor& x, double scale) {
-    return softmax_fwd("scaled_aligned_causal_masked_softmax_fwd", x, nullptr, scale,
-                       te_fast_rules::kBottomRightCausal, 4, k4d);
-  }
-  static at::Tensor scaled_aligned_causal_masked_softmax_bwd(const at::Tensor& dy,
-                                                             const at::Tensor& y, double scale) {
-    return softmax_bwd("scaled_aligned_causal_masked_softmax_bwd", dy, y, scale, 4, k4d);
+  template <class Op>
+  static at::Tensor softmax_fwd(const at::Tensor& x, double scale) {
+    return run_softmax_fwd(Op::name, x, nullptr, scale, Op::mask_mode, Op::rank);
   }
 
-  static at::Tensor convert_thd_to_bshd(const at::Tensor& thd, const at::Tensor& cu_seqlens,
-                                        int64_t batch_size, int64_t max_seqlen) {
-    const char* op = "convert_thd_to_bshd";
-    const ConvertShape s = check_thd_to_bshd(op, thd, cu_seqlens, batch_size, max_seqlen);
-    const at::Tensor src = thd.contiguous();
-    const at::Tensor cu = cu_seqlens.contiguous();
-    at::Tensor out = at::empty({batch_size, max_seqlen, s.heads, s.dim}, thd.options());
-    if (batch_size > 0) Backend::thd_to_bshd(op, src, cu, out, s);
-    return out;
+  template <class Op>
+  static at::Tensor masked_softmax_fwd(const at::Tensor& x, const at::Tensor& mask, double scale) {
+    return run_softmax_fwd(Op::name, x, &mask, scale, Op::mask_mode, Op::rank);
   }
 
-  static at::Tensor convert_bshd_to_thd(const at::Tensor& bshd, const at::Tensor& cu_seqlens,
-                                        int64_t num_tokens) {
-    const char* op = "convert_bshd_to_thd";
-    const ConvertShape s = check_bshd_to_thd(op, bshd, cu_seqlens, num_tokens);
-    const at::Tensor src = bshd.contiguous();
-    const at::Tensor cu = cu_seqlens.contiguous();
-    at::Tensor out = at::empty({num_tokens, s.heads, s.dim}, bshd.options());
-    if (num_tokens > 0) Backend::bshd_to_thd(op, src, cu, out, s);
-    return out;
+  template <class Op>
+  static at::Tensor softmax_bwd(const at::Tensor& dy, const at::Tensor& y, double scale) {
+    return run_softmax_bwd(Op::name, dy, y, scale, Op::rank);
+  }
+
+  template <class Op>
+  static at::Tensor thd_to_bshd(const at::Tensor& thd, const at::Tensor& cu_seqlens,
+                                int64_t batch_size, int64_t max_seqlen) {
+    const ConvertShape s = check_thd_to_bshd(Op::name, thd, cu_seqlens, batch_size, max_seqlen);
+    ConvertPlan p{Op::name, true, thd.contiguous(), cu_seqlens.contiguous(), {}, s,
+                  "thd.shape[0]", "max_seqlen"};
+    p.out = at::empty({batch_size, max_seqlen, s.heads, s.dim}, thd.options());
+    if (batch_size > 0) Backend::convert(p);
+    return p.out;
+  }
+
+  template <class Op>
+  static at::Tensor bshd_to_thd(const at::Tensor& bshd, const at::Tensor& cu_seqlens,
+                                int64_t num_tokens) {
+    const ConvertShape s = check_bshd_to_thd(Op::name, bshd, cu_seqlens, num_tokens);
+    ConvertPlan p{Op::name, false, bshd.contiguous(), cu_seqlens.contiguous(), {}, s,
+                  "num_tokens", "bshd.shape[1]"};
+    p.out = at::empty({num_tokens, s.heads, s.dim}, bshd.options());
+    if (num_tokens > 0) Backend::convert(p);
+    return p.out;
   }
 
   static void register_all(torch::Library& m) {
-    m.impl("scaled_softmax_fwd", &scaled_softmax_fwd);
-    m.impl("scaled_softmax_bwd", &scaled_softmax_bwd);
-    m.impl("scaled_masked_softmax_fwd", &scaled_masked_softmax_fwd);
-    m.impl("scaled_masked_softmax_bwd", &scaled_masked_softmax_bwd);
-    m.impl("scaled_upper_triang_masked_softmax_fwd", &scaled_upper_triang_masked_softmax_fwd);
-    m.impl("scaled_upper_triang_masked_softmax_bwd", &scaled_upper_triang_masked_softmax_bwd);
-    m.impl("scaled_aligned_causal_masked_softmax_fwd", &scaled_aligned_causal_masked_softmax_fwd);
-    m.impl("scaled_aligned_causal_masked_softmax_bwd", &scaled_aligned_causal_masked_softmax_bwd);
-    m.impl("convert_thd_to_bshd", &convert_thd_to_bshd);
-    m.impl("convert_bshd_to_thd", &convert_bshd_to_thd);
+#define TE_FAST_IMPL(op_, entry_, mask_mode_, rank_) m.impl(#op_, &entry_<op::op_>);
+    TE_FAST_OPS(TE_FAST_IMPL)
+#undef TE_FAST_IMPL
   }
 };
 

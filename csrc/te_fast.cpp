@@ -1,4 +1,4 @@
-// te_fast operator schemas (one place) and their CPU implementations.
+// te_fast operator schemas (from the one list in op_list.h) and their CPU implementations.
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "op_list.h"
 #include "op_table.h"
 #include "rules.h"
 
@@ -22,19 +23,11 @@ PyMODINIT_FUNC PyInit__C(void) {
   return PyModule_Create(&module_def);
 }
 
+// One m.def per op of op_list.h, e.g. "scaled_softmax_fwd(Tensor x, float scale) -> Tensor".
 TORCH_LIBRARY(te_fast, m) {
-  m.def("scaled_softmax_fwd(Tensor x, float scale) -> Tensor");
-  m.def("scaled_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
-  m.def("scaled_masked_softmax_fwd(Tensor x, Tensor mask, float scale) -> Tensor");
-  m.def("scaled_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
-  m.def("scaled_upper_triang_masked_softmax_fwd(Tensor x, float scale) -> Tensor");
-  m.def("scaled_upper_triang_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
-  m.def("scaled_aligned_causal_masked_softmax_fwd(Tensor x, float scale) -> Tensor");
-  m.def("scaled_aligned_causal_masked_softmax_bwd(Tensor dy, Tensor y, float scale) -> Tensor");
-  m.def(
-      "convert_thd_to_bshd(Tensor thd, Tensor cu_seqlens, SymInt batch_size, SymInt max_seqlen)"
-      " -> Tensor");
-  m.def("convert_bshd_to_thd(Tensor bshd, Tensor cu_seqlens, SymInt num_tokens) -> Tensor");
+#define TE_FAST_DEF(op_, entry_, mask_mode_, rank_) m.def(#op_ TE_FAST_SCHEMA_##entry_);
+  TE_FAST_OPS(TE_FAST_DEF)
+#undef TE_FAST_DEF
 }
 
 namespace te_fast {
@@ -125,41 +118,31 @@ struct CpuBackend {
   }
 
   // Token rows are copied as bytes: one code path for every storage dtype, fp8 included, and
-  // all-zero bytes are 0.0 in each of them.
-  static void thd_to_bshd(const char* op, const at::Tensor& thd, const at::Tensor& cu,
-                          at::Tensor& out, const ConvertShape& s) {
-    const int32_t* c = cu.const_data_ptr<int32_t>();
-    validate_cu_seqlens_values(op, c, s.batch, s.tokens, "thd.shape[0]", s.seqlen, "max_seqlen");
+  // all-zero bytes are 0.0 in each of them. Sequence x is rows cu[x] .. cu[x + 1] of the thd
+  // side and the first rows of block x (max_seqlen rows) of the bshd side.
+  static void convert(const ConvertPlan& p) {
+    const int32_t* c = p.cu.const_data_ptr<int32_t>();
+    validate_cu_seqlens(p, c);
+    const ConvertShape& s = p.s;
     const int64_t rb = s.row_bytes;
-    const char* src = static_cast<const char*>(thd.const_data_ptr());
-    char* dst = static_cast<char*>(out.mutable_data_ptr());
+    const char* src = static_cast<const char*>(p.src.const_data_ptr());
+    char* dst = static_cast<char*>(p.out.mutable_data_ptr());
     at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
       for (int64_t x = begin; x < end; ++x) {
         const int64_t len = c[x + 1] - c[x];
-        char* d = dst + x * s.seqlen * rb;
-        if (len > 0) std::memcpy(d, src + static_cast<int64_t>(c[x]) * rb, len * rb);
-        if (len < s.seqlen) std::memset(d + len * rb, 0, (s.seqlen - len) * rb);
-      }
-    });
-  }
-
-  static void bshd_to_thd(const char* op, const at::Tensor& bshd, const at::Tensor& cu,
-                          at::Tensor& out, const ConvertShape& s) {
-    const int32_t* c = cu.const_data_ptr<int32_t>();
-    validate_cu_seqlens_values(op, c, s.batch, s.tokens, "num_tokens", s.seqlen, "bshd.shape[1]");
-    const int64_t rb = s.row_bytes;
-    const char* src = static_cast<const char*>(bshd.const_data_ptr());
-    char* dst = static_cast<char*>(out.mutable_data_ptr());
-    at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t x = begin; x < end; ++x) {
-        const int64_t len = c[x + 1] - c[x];
+        const int64_t ragged = static_cast<int64_t>(c[x]) * rb;  // byte offset on the thd side
+        const int64_t padded = x * s.seqlen * rb;                 // byte offset on the bshd side
         if (len > 0) {
-          std::memcpy(dst + static_cast<int64_t>(c[x]) * rb, src + x * s.seqlen * rb, len * rb);
+          std::memcpy(dst + (p.to_bshd ? padded : ragged), src + (p.to_bshd ? ragged : padded),
+                      len * rb);
+        }
+        if (p.to_bshd && len < s.seqlen) {
+          std::memset(dst + padded + len * rb, 0, (s.seqlen - len) * rb);
         }
       }
     });
-    const int64_t used = c[s.batch];  // tokens past cu_seqlens[-1] are zero
-    if (used < s.tokens) std::memset(dst + used * rb, 0, (s.tokens - used) * rb);
+    const int64_t used = c[s.batch];  // bshd -> thd: tokens past cu_seqlens[-1] are zero
+    if (!p.to_bshd && used < s.tokens) std::memset(dst + used * rb, 0, (s.tokens - used) * rb);
   }
 };
 

@@ -1,4 +1,4 @@
-"""Inputs for the ten te_fast ops, shared by the op numerics and op contract suites."""
+"""Inputs for every te_fast op of the registry, shared by the op numerics and contract suites."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 import te_ref
-from te_fast import _loader
+from te_fast import _registry
 from te_fast import ops as fast
 
 DTYPES = {
@@ -32,23 +32,17 @@ class SoftmaxOp:
     masked: bool = False
 
 
+# public name -> op, for every softmax forward of the registry (te_ref names its functions alike)
 SOFTMAX_OPS = {
-    "scaled_softmax": SoftmaxOp("scaled_softmax", fast.scaled_softmax, te_ref.scaled_softmax, 4),
-    "scaled_masked_softmax": SoftmaxOp(
-        "scaled_masked_softmax", fast.scaled_masked_softmax, te_ref.scaled_masked_softmax, 4, True
-    ),
-    "scaled_upper_triang_masked_softmax": SoftmaxOp(
-        "scaled_upper_triang_masked_softmax",
-        fast.scaled_upper_triang_masked_softmax,
-        te_ref.scaled_upper_triang_masked_softmax,
-        3,
-    ),
-    "scaled_aligned_causal_masked_softmax": SoftmaxOp(
-        "scaled_aligned_causal_masked_softmax",
-        fast.scaled_aligned_causal_masked_softmax,
-        te_ref.scaled_aligned_causal_masked_softmax,
-        4,
-    ),
+    spec.public: SoftmaxOp(
+        spec.public,
+        getattr(fast, spec.public),
+        getattr(te_ref, spec.public),
+        spec.rank,
+        spec.masked,
+    )
+    for spec in _registry.OPS
+    if spec.kind == _registry.SOFTMAX_FWD
 }
 
 
@@ -75,31 +69,30 @@ def random_data(shape, dtype, device, scale=1.0) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- contract cases
 
-OP_NAMES = _loader.OP_NAMES  # the ten ops, as te_fast checks for them at import
+OP_NAMES = _registry.OP_NAMES  # every op, as te_fast checks for them at import
 
 
 def op_dtypes(op: str):
-    return CONVERT_DTYPES if op.startswith("convert") else SOFTMAX_DTYPES
+    return SOFTMAX_DTYPES if _registry.BY_NAME[op].is_softmax else CONVERT_DTYPES
 
 
 def contract_args(op: str, dtype: torch.dtype, device, requires_grad: bool = True) -> tuple:
     """Arguments for one call of torch.ops.te_fast.<op>; float inputs require grad when they can."""
+    spec = _registry.BY_NAME[op]
     grad = requires_grad and dtype.is_floating_point and dtype.itemsize > 1
 
     def data(shape, scale=1.0):
         return random_data(shape, dtype, device, scale).requires_grad_(grad)
 
-    shape4, shape3 = (2, 3, 5, 17), (6, 5, 5)
-    if op.startswith("convert"):
+    if not spec.is_softmax:
         # 3 sequences of random lengths (empty ones too) in 20 tokens: a few trailing tokens
         cu = cu_seqlens_from(torch.randint(0, 7, (3,)).tolist(), device)
-        if op == "convert_thd_to_bshd":
+        if spec.kind == _registry.THD_TO_BSHD:
             return (data((20, 2, 4)), cu, 3, 6)
         return (data((3, 6, 2, 4)), cu, 20)
-    base = op[: -len("_fwd")]
-    shape = shape3 if "upper_triang" in base else shape4
-    if op.endswith("_fwd"):
-        if base == "scaled_masked_softmax":
+    shape = (6, 5, 5) if spec.rank == 3 else (2, 3, 5, 17)
+    if spec.kind == _registry.SOFTMAX_FWD:
+        if spec.masked:
             return (data(shape, 2.0), random_mask((2, 1, 5, 17), device), 0.7)
         return (data(shape, 2.0), 0.7)
     y = torch.softmax(torch.randn(shape, device=device), -1).to(dtype).requires_grad_(grad)

@@ -28,20 +28,19 @@ ROW_LENGTHS = (1, 7, 16, 17, 40, 128, 256, 500, 1000, 1023, 4096, 4099, 16384, 2
 SQUARE_MAX = {"cpu": 1000, "cuda": 4096}  # longest square [ab, s, s] upper-triangular case
 SCALE = 0.7
 
-# variant -> (op, mask kind)
+# variant -> (op, mask kind): every softmax op, a masked one with a broadcast mask [1, 1, sq, sk]
+# and with a per-batch mask [b, 1, sq, sk]
 VARIANTS = {
-    "scaled_softmax": ("scaled_softmax", None),
-    "scaled_masked_softmax-bcast_mask": ("scaled_masked_softmax", "bcast"),
-    "scaled_masked_softmax-batch_mask": ("scaled_masked_softmax", "batch"),
-    "scaled_upper_triang_masked_softmax": ("scaled_upper_triang_masked_softmax", None),
-    "scaled_aligned_causal_masked_softmax": ("scaled_aligned_causal_masked_softmax", None),
+    (f"{name}-{kind}_mask" if kind else name): (name, kind)
+    for name, op in SOFTMAX_OPS.items()
+    for kind in (("bcast", "batch") if op.masked else (None,))
 }
 
 
 def _inputs(variant: str, sk: int, device: torch.device, dtype, magnitude: float):
     """x (and mask) with b*h odd (3) and sq not a multiple of 4 (5)."""
     op_name, mask_kind = VARIANTS[variant]
-    if op_name == "scaled_upper_triang_masked_softmax":
+    if SOFTMAX_OPS[op_name].rank == 3:
         shape = (3, sk, sk) if sk <= SQUARE_MAX[device.type] else (3, 5, sk)
     elif mask_kind == "batch":
         shape = (3, 1, 5, sk)

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 import torch
 
-OP_NAMES = (
-    "scaled_softmax_fwd",
-    "scaled_softmax_bwd",
-    "scaled_masked_softmax_fwd",
-    "scaled_masked_softmax_bwd",
-    "scaled_upper_triang_masked_softmax_fwd",
-    "scaled_upper_triang_masked_softmax_bwd",
-    "scaled_aligned_causal_masked_softmax_fwd",
-    "scaled_aligned_causal_masked_softmax_bwd",
-    "convert_thd_to_bshd",
-    "convert_bshd_to_thd",
-)
+from te_fast._registry import OP_NAMES  # the ops that _C must define
 
 _BUILD_HINT = "build it with `pip install --no-build-isolation -e .` from the repository root"
 

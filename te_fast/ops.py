@@ -1,23 +1,13 @@
-"""te_fast operators: typed wrappers over torch.ops.te_fast, their fake impls and their autograd."""
+"""te_fast operators: typed wrappers over torch.ops.te_fast; fakes and autograd from _registry."""
 
 from __future__ import annotations
 
 import torch
 
+from te_fast import _registry as reg
 from te_fast._loader import UNAVAILABLE_REASON
 
-__all__ = [
-    "scaled_softmax",
-    "scaled_masked_softmax",
-    "scaled_upper_triang_masked_softmax",
-    "scaled_aligned_causal_masked_softmax",
-    "convert_thd_to_bshd",
-    "convert_bshd_to_thd",
-    "scaled_softmax_bwd",
-    "scaled_masked_softmax_bwd",
-    "scaled_upper_triang_masked_softmax_bwd",
-    "scaled_aligned_causal_masked_softmax_bwd",
-]
+__all__ = [op.public for op in reg.OPS]
 
 _SOFTMAX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _STORAGE_DTYPES = (
@@ -111,34 +101,49 @@ def convert_bshd_to_thd(
     return _ops().convert_bshd_to_thd.default(bshd, cu_seqlens, num_tokens)
 
 
+_missing = [op.public for op in reg.OPS if op.public not in globals()]
+if _missing:  # a row of te_fast/_registry.py without its typed wrapper above
+    raise ImportError(f"te_fast.ops lacks the typed wrappers {_missing}")
+
+
 # ----------------------------------------------------------------------------- fakes
 
 
-def _check_softmax_input(op: str, name: str, x: torch.Tensor, dim: int, layout: str) -> None:
+def _check_tensor(
+    op: str, name: str, t: torch.Tensor, dim: int, shape: str, dtypes: tuple, dtype_words: str
+) -> None:
     torch._check(
-        x.dim() == dim,
-        lambda: f"te_fast: {op} expects {name} of shape {layout} ({dim}-D), got {tuple(x.shape)}",
+        t.dim() == dim,
+        lambda: f"te_fast: {op} expects {name} of shape {shape}, got {tuple(t.shape)}",
     )
     torch._check(
-        x.dtype in _SOFTMAX_DTYPES,
-        lambda: (
-            f"te_fast: {op} expects {name} of dtype float16, bfloat16 or float32, got {x.dtype}"
-        ),
+        t.dtype in dtypes,
+        lambda: f"te_fast: {op} expects {name} of {dtype_words}, got {t.dtype}",
     )
 
 
-def _check_softmax_bwd(op: str, dy: torch.Tensor, y: torch.Tensor, dim: int, layout: str) -> None:
-    _check_softmax_input(op, "y", y, dim, layout)
+def _check_softmax_input(spec: reg.OpSpec, name: str, x: torch.Tensor) -> None:
+    shape = f"{spec.layout} ({spec.rank}-D)"
+    words = "dtype float16, bfloat16 or float32"
+    _check_tensor(spec.name, name, x, spec.rank, shape, _SOFTMAX_DTYPES, words)
+
+
+def _check_storage(spec: reg.OpSpec, name: str, t: torch.Tensor) -> None:
+    _check_tensor(spec.name, name, t, spec.rank, spec.layout, _STORAGE_DTYPES, "a float dtype")
+
+
+def _check_mask(op: str, x: torch.Tensor, mask: torch.Tensor) -> None:
+    torch._check(mask.dtype == torch.bool, lambda: f"te_fast: {op} expects a bool mask")
     torch._check(
-        dy.shape == y.shape,
+        mask.dim() == 4
+        and (mask.shape[0] == 1 or mask.shape[0] == x.shape[0])
+        and mask.shape[1] == 1
+        and mask.shape[2] == x.shape[2]
+        and mask.shape[3] == x.shape[3],
         lambda: (
-            f"te_fast: {op} expects dy of the same shape as y {tuple(y.shape)}, got "
-            f"{tuple(dy.shape)}"
+            f"te_fast: {op} expects mask of shape [1|b, 1, sq, sk] for x of shape "
+            f"{tuple(x.shape)}, got {tuple(mask.shape)}"
         ),
-    )
-    torch._check(
-        dy.dtype == y.dtype,
-        lambda: f"te_fast: {op} expects dy of the same dtype as y ({y.dtype}), got {dy.dtype}",
     )
 
 
@@ -156,93 +161,87 @@ def _check_cu_seqlens(op: str, cu_seqlens: torch.Tensor, batch: int) -> None:
     )
 
 
-def _check_storage(op: str, name: str, t: torch.Tensor, dim: int, layout: str) -> None:
-    torch._check(
-        t.dim() == dim,
-        lambda: f"te_fast: {op} expects {name} of shape {layout}, got {tuple(t.shape)}",
-    )
-    torch._check(
-        t.dtype in _STORAGE_DTYPES,
-        lambda: f"te_fast: {op} expects {name} of a float dtype, got {t.dtype}",
-    )
-
-
-_4D = "[b, h, sq, sk]"
-_3D = "[attn_batches, sq, sk]"
-
-
-def _fake_softmax_fwd(op: str, dim: int, layout: str):
+def _fake_softmax_fwd(spec: reg.OpSpec):
     def fake(x, scale):
-        _check_softmax_input(op, "x", x, dim, layout)
+        _check_softmax_input(spec, "x", x)
         return x.new_empty(x.shape)
 
-    return fake
+    def fake_masked(x, mask, scale):
+        _check_softmax_input(spec, "x", x)
+        _check_mask(spec.name, x, mask)
+        return x.new_empty(x.shape)
+
+    return fake_masked if spec.masked else fake
 
 
-def _fake_softmax_bwd(op: str, dim: int, layout: str):
+def _fake_softmax_bwd(spec: reg.OpSpec):
+    op = spec.name
+
     def fake(dy, y, scale):
-        _check_softmax_bwd(op, dy, y, dim, layout)
+        _check_softmax_input(spec, "y", y)
+        torch._check(
+            dy.shape == y.shape,
+            lambda: (
+                f"te_fast: {op} expects dy of the same shape as y {tuple(y.shape)}, got "
+                f"{tuple(dy.shape)}"
+            ),
+        )
+        torch._check(
+            dy.dtype == y.dtype,
+            lambda: f"te_fast: {op} expects dy of the same dtype as y ({y.dtype}), got {dy.dtype}",
+        )
         return y.new_empty(y.shape)
 
     return fake
 
 
-def _fake_scaled_masked_softmax_fwd(x, mask, scale):
-    op = "scaled_masked_softmax_fwd"
-    _check_softmax_input(op, "x", x, 4, _4D)
-    torch._check(mask.dtype == torch.bool, lambda: f"te_fast: {op} expects a bool mask")
-    torch._check(
-        mask.dim() == 4
-        and (mask.shape[0] == 1 or mask.shape[0] == x.shape[0])
-        and mask.shape[1] == 1
-        and mask.shape[2] == x.shape[2]
-        and mask.shape[3] == x.shape[3],
-        lambda: (
-            f"te_fast: {op} expects mask of shape [1|b, 1, sq, sk] for x of shape "
-            f"{tuple(x.shape)}, got {tuple(mask.shape)}"
-        ),
-    )
-    return x.new_empty(x.shape)
+def _fake_thd_to_bshd(spec: reg.OpSpec):
+    def fake(thd, cu_seqlens, batch_size, max_seqlen):
+        _check_storage(spec, "thd", thd)
+        _check_cu_seqlens(spec.name, cu_seqlens, batch_size)
+        return thd.new_empty((batch_size, max_seqlen, thd.shape[1], thd.shape[2]))
+
+    return fake
 
 
-def _fake_convert_thd_to_bshd(thd, cu_seqlens, batch_size, max_seqlen):
-    op = "convert_thd_to_bshd"
-    _check_storage(op, "thd", thd, 3, "[t, h, d]")
-    _check_cu_seqlens(op, cu_seqlens, batch_size)
-    return thd.new_empty((batch_size, max_seqlen, thd.shape[1], thd.shape[2]))
+def _fake_bshd_to_thd(spec: reg.OpSpec):
+    def fake(bshd, cu_seqlens, num_tokens):
+        _check_storage(spec, "bshd", bshd)
+        _check_cu_seqlens(spec.name, cu_seqlens, bshd.shape[0])
+        return bshd.new_empty((num_tokens, bshd.shape[2], bshd.shape[3]))
 
-
-def _fake_convert_bshd_to_thd(bshd, cu_seqlens, num_tokens):
-    op = "convert_bshd_to_thd"
-    _check_storage(op, "bshd", bshd, 4, "[b, s, h, d]")
-    _check_cu_seqlens(op, cu_seqlens, bshd.shape[0])
-    return bshd.new_empty((num_tokens, bshd.shape[2], bshd.shape[3]))
+    return fake
 
 
 # ----------------------------------------------------------------------------- autograd
+# One (backward, setup_context) builder per kind; the backward calls the op's `backward` op.
 
 
-def _softmax_fwd_setup(ctx, inputs, output):
-    ctx.scale = inputs[-1]
-    ctx.save_for_backward(output)
+def _backward_op(spec: reg.OpSpec):
+    return getattr(torch.ops.te_fast, spec.backward).default
 
 
-def _softmax_fwd_backward(bwd_name: str, n_inputs: int):
+def _autograd_softmax_fwd(spec: reg.OpSpec):
+    n_inputs = 3 if spec.masked else 2
+
+    def setup_context(ctx, inputs, output):
+        ctx.scale = inputs[-1]
+        ctx.save_for_backward(output)
+
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        dx = getattr(torch.ops.te_fast, bwd_name).default(grad, y, ctx.scale)
+        dx = _backward_op(spec)(grad, y, ctx.scale)
         return (dx,) + (None,) * (n_inputs - 1)
 
-    return backward
+    return backward, setup_context
 
 
-def _softmax_bwd_setup(ctx, inputs, output):
-    dy, y, scale = inputs
-    ctx.scale = scale
-    ctx.save_for_backward(dy, y)
+def _autograd_softmax_bwd(spec: reg.OpSpec):
+    def setup_context(ctx, inputs, output):
+        dy, y, scale = inputs
+        ctx.scale = scale
+        ctx.save_for_backward(dy, y)
 
-
-def _softmax_bwd_backward(bwd_name: str):
     # dx = c * y * (dy - s), s = sum(dy * y). For an incoming gradient g of dx:
     #   d/d(dy) = c * y * (g - r), r = sum(g * y)        -> the same te_fast backward op
     #   d/d(y)  = c * (g * (dy - s) - dy * r)             -> fp32 composite (double backward only)
@@ -250,7 +249,7 @@ def _softmax_bwd_backward(bwd_name: str):
         dy, y = ctx.saved_tensors
         grad_dy = grad_y = None
         if ctx.needs_input_grad[0]:
-            grad_dy = getattr(torch.ops.te_fast, bwd_name).default(g, y, ctx.scale)
+            grad_dy = _backward_op(spec)(g, y, ctx.scale)
         if ctx.needs_input_grad[1]:
             g32, dy32, y32 = g.float(), dy.float(), y.float()
             s = (dy32 * y32).sum(-1, keepdim=True)
@@ -258,77 +257,55 @@ def _softmax_bwd_backward(bwd_name: str):
             grad_y = (ctx.scale * (g32 * (dy32 - s) - dy32 * r)).to(y.dtype)
         return grad_dy, grad_y, None
 
-    return backward
+    return backward, setup_context
 
 
-def _thd_to_bshd_setup(ctx, inputs, output):
-    thd, cu_seqlens, _, _ = inputs
-    ctx.num_tokens = thd.shape[0]
-    ctx.save_for_backward(cu_seqlens)
+def _autograd_thd_to_bshd(spec: reg.OpSpec):
+    def setup_context(ctx, inputs, output):
+        thd, cu_seqlens, _, _ = inputs
+        ctx.num_tokens = thd.shape[0]
+        ctx.save_for_backward(cu_seqlens)
+
+    def backward(ctx, grad):
+        (cu_seqlens,) = ctx.saved_tensors
+        return _backward_op(spec)(grad, cu_seqlens, ctx.num_tokens), None, None, None
+
+    return backward, setup_context
 
 
-def _thd_to_bshd_backward(ctx, grad):
-    (cu_seqlens,) = ctx.saved_tensors
-    return (
-        torch.ops.te_fast.convert_bshd_to_thd.default(grad, cu_seqlens, ctx.num_tokens),
-        None,
-        None,
-        None,
-    )
+def _autograd_bshd_to_thd(spec: reg.OpSpec):
+    def setup_context(ctx, inputs, output):
+        bshd, cu_seqlens, _ = inputs
+        ctx.batch_size, ctx.seqlen = bshd.shape[0], bshd.shape[1]
+        ctx.save_for_backward(cu_seqlens)
+
+    def backward(ctx, grad):
+        (cu_seqlens,) = ctx.saved_tensors
+        return _backward_op(spec)(grad, cu_seqlens, ctx.batch_size, ctx.seqlen), None, None
+
+    return backward, setup_context
 
 
-def _bshd_to_thd_setup(ctx, inputs, output):
-    bshd, cu_seqlens, _ = inputs
-    ctx.batch_size, ctx.seqlen = bshd.shape[0], bshd.shape[1]
-    ctx.save_for_backward(cu_seqlens)
-
-
-def _bshd_to_thd_backward(ctx, grad):
-    (cu_seqlens,) = ctx.saved_tensors
-    grad_bshd = torch.ops.te_fast.convert_thd_to_bshd.default(
-        grad, cu_seqlens, ctx.batch_size, ctx.seqlen
-    )
-    return grad_bshd, None, None
-
-
-_SOFTMAX_OPS = (
-    # (forward op, backward op, rank, layout, forward inputs)
-    ("scaled_softmax_fwd", "scaled_softmax_bwd", 4, _4D, 2),
-    ("scaled_masked_softmax_fwd", "scaled_masked_softmax_bwd", 4, _4D, 3),
-    ("scaled_upper_triang_masked_softmax_fwd", "scaled_upper_triang_masked_softmax_bwd", 3, _3D, 2),
-    (
-        "scaled_aligned_causal_masked_softmax_fwd",
-        "scaled_aligned_causal_masked_softmax_bwd",
-        4,
-        _4D,
-        2,
-    ),
-)
+_FAKES = {
+    reg.SOFTMAX_FWD: _fake_softmax_fwd,
+    reg.SOFTMAX_BWD: _fake_softmax_bwd,
+    reg.THD_TO_BSHD: _fake_thd_to_bshd,
+    reg.BSHD_TO_THD: _fake_bshd_to_thd,
+}
+_AUTOGRAD = {
+    reg.SOFTMAX_FWD: _autograd_softmax_fwd,
+    reg.SOFTMAX_BWD: _autograd_softmax_bwd,
+    reg.THD_TO_BSHD: _autograd_thd_to_bshd,
+    reg.BSHD_TO_THD: _autograd_bshd_to_thd,
+}
 
 
 def _register() -> None:
-    lib = torch.library
-    for fwd, bwd, dim, layout, n_inputs in _SOFTMAX_OPS:
-        if n_inputs == 2:
-            lib.register_fake(f"te_fast::{fwd}", _fake_softmax_fwd(fwd, dim, layout))
-        lib.register_fake(f"te_fast::{bwd}", _fake_softmax_bwd(bwd, dim, layout))
-        lib.register_autograd(
-            f"te_fast::{fwd}",
-            _softmax_fwd_backward(bwd, n_inputs),
-            setup_context=_softmax_fwd_setup,
-        )
-        lib.register_autograd(
-            f"te_fast::{bwd}", _softmax_bwd_backward(bwd), setup_context=_softmax_bwd_setup
-        )
-    lib.register_fake("te_fast::scaled_masked_softmax_fwd", _fake_scaled_masked_softmax_fwd)
-    lib.register_fake("te_fast::convert_thd_to_bshd", _fake_convert_thd_to_bshd)
-    lib.register_fake("te_fast::convert_bshd_to_thd", _fake_convert_bshd_to_thd)
-    lib.register_autograd(
-        "te_fast::convert_thd_to_bshd", _thd_to_bshd_backward, setup_context=_thd_to_bshd_setup
-    )
-    lib.register_autograd(
-        "te_fast::convert_bshd_to_thd", _bshd_to_thd_backward, setup_context=_bshd_to_thd_setup
-    )
+    for spec in reg.OPS:
+        qualname = f"te_fast::{spec.name}"
+        torch.library.register_fake(qualname, _FAKES[spec.kind](spec))
+        backward, setup_context = _AUTOGRAD[spec.kind](spec)
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context)
 
 
 if UNAVAILABLE_REASON is None:

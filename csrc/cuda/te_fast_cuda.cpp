@@ -41,16 +41,14 @@ uint64_t nan_bits(at::ScalarType t) {
 
 // Host-side validation of cu_seqlens costs a device-to-host copy, so it runs only when
 // TE_FAST_DEBUG_CHECKS=1; otherwise the kernels' NaN poisoning is the (sync-free) signal.
-void debug_validate(const char* op, const at::Tensor& cu, const ConvertShape& s,
-                    const char* tokens_name, const char* max_len_name) {
+void debug_validate(const ConvertPlan& p) {
   if (!debug_checks_enabled()) return;
-  const at::Tensor host = cu.cpu();
-  validate_cu_seqlens_values(op, host.const_data_ptr<int32_t>(), s.batch, s.tokens, tokens_name,
-                             s.seqlen, max_len_name);
+  const at::Tensor host = p.cu.cpu();
+  validate_cu_seqlens(p, host.const_data_ptr<int32_t>());
 }
 
-k::ConvertArgs convert_args(const at::Tensor& src, const at::Tensor& cu, at::Tensor& out,
-                            const ConvertShape& s) {
+k::ConvertArgs convert_args(const at::Tensor& src, const at::Tensor& cu,
+                            const at::Tensor& out, const ConvertShape& s) {
   return {src.const_data_ptr(), out.mutable_data_ptr(), cu.const_data_ptr<int32_t>(),
           s.batch,          s.seqlen,                s.tokens,
           s.row_bytes,      static_cast<int>(src.element_size()), nan_bits(src.scalar_type())};
@@ -81,20 +79,13 @@ struct CudaBackend {
                                          c10::cuda::getCurrentCUDAStream()));
   }
 
-  static void thd_to_bshd(const char* op, const at::Tensor& thd, const at::Tensor& cu,
-                          at::Tensor& out, const ConvertShape& s) {
-    const c10::cuda::CUDAGuard guard(thd.device());
-    debug_validate(op, cu, s, "thd.shape[0]", "max_seqlen");
-    C10_CUDA_CHECK(k::launch_thd_to_bshd(convert_args(thd, cu, out, s),
-                                         c10::cuda::getCurrentCUDAStream()));
-  }
-
-  static void bshd_to_thd(const char* op, const at::Tensor& bshd, const at::Tensor& cu,
-                          at::Tensor& out, const ConvertShape& s) {
-    const c10::cuda::CUDAGuard guard(bshd.device());
-    debug_validate(op, cu, s, "num_tokens", "bshd.shape[1]");
-    C10_CUDA_CHECK(k::launch_bshd_to_thd(convert_args(bshd, cu, out, s),
-                                         c10::cuda::getCurrentCUDAStream()));
+  static void convert(const ConvertPlan& p) {
+    const c10::cuda::CUDAGuard guard(p.src.device());
+    debug_validate(p);
+    const k::ConvertArgs a = convert_args(p.src, p.cu, p.out, p.s);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    C10_CUDA_CHECK(p.to_bshd ? k::launch_thd_to_bshd(a, stream)
+                             : k::launch_bshd_to_thd(a, stream));
   }
 };
 
