@@ -314,46 +314,81 @@ class AttnInputs:
         return q, k, v, extra
 
 
-def _seq_shape(fmt: str, b: int, s: int, t: int) -> tuple[int, ...]:
-    return {"sbhd": (s, b), "bshd": (b, s), "thd": (t,)}[fmt]
-
-
 def make_inputs(case: AttnCase, device: torch.device, rng: torch.Generator) -> AttnInputs:
-    """Random inputs for a case (on ``device``), with packed layouts as views of one buffer."""
-    info = case.layout_info
+    """Random inputs for a case (on ``device``), with packed layouts as views of one buffer.
+
+    The steps draw from ``rng`` in a fixed order (lengths, q/k/v, arbitrary mask, bias, alibi
+    slopes, softmax offset, dO): the same case and generator give bit-identical inputs.
+    """
     dtype = DTYPES[case.dtype]
-    lq = _lengths(case, case.sq, rng)
-    if info.q_format == "thd" and info.kv_format != "thd":  # kv cache: filled >= query lengths
-        lkv = [n + int(torch.randint(0, 4, (1,), generator=rng)) for n in lq]
-        lkv = [min(n, case.skv + case.kv_cache_extra) for n in lkv]
-    elif case.sq == case.skv and (info.packing == "qkv" or case.padding_from == "mask"):
-        lkv = list(lq)
-    else:
-        lkv = _lengths(case, case.skv, rng)
-    trailing = 3 if case.varlen == "trailing" else 0
-    t_q, t_kv = sum(lq) + trailing, sum(lkv) + trailing
-    skv_buf = case.skv + case.kv_cache_extra
 
     def randn(*shape):
         return torch.randn(shape, generator=rng, device="cpu").to(device=device, dtype=dtype)
 
+    lq, lkv = _sequence_lengths(case, rng)
+    trailing = 3 if case.varlen == "trailing" else 0  # tokens past cu_seqlens[-1]
+    t_q, t_kv = sum(lq) + trailing, sum(lkv) + trailing
+    leaves = _qkv_leaves(case, t_q, t_kv, randn)
+    kwargs = _call_kwargs(case, lq, lkv, device, rng)
+    if case.bias_type in ("pre_scale_bias", "post_scale_bias"):
+        leaves["bias"] = randn(*_bias_shape(case))
+    if case.bias_type == "alibi" and case.alibi_slopes:
+        kwargs["alibi_slopes"] = _alibi_slopes(case, device, rng)
+    if case.softmax_type == "learnable":
+        leaves["offset"] = torch.randn(case.h, generator=rng).to(device)  # fp32, like TE
+    grad_out = randn(*_output_shape(case, t_q))
+    return AttnInputs(leaves, kwargs, grad_out, lq, lkv)
+
+
+def _skv_buffer(case: AttnCase) -> int:
+    """The kv length of the k/v tensors: skv, plus the unfilled tail of a thd_2* kv cache."""
+    return case.skv + case.kv_cache_extra
+
+
+def _sequence_lengths(case: AttnCase, rng: torch.Generator) -> tuple[list[int], list[int]]:
+    """Per-batch lengths of q and kv: a kv cache is filled at least as far as its queries;
+    self attention with one mask or one qkv buffer shares the query lengths."""
+    info = case.layout_info
+    lq = _lengths(case, case.sq, rng)
+    if info.q_format == "thd" and info.kv_format != "thd":  # kv cache: filled >= query lengths
+        lkv = [n + int(torch.randint(0, 4, (1,), generator=rng)) for n in lq]
+        lkv = [min(n, _skv_buffer(case)) for n in lkv]
+    elif case.sq == case.skv and (info.packing == "qkv" or case.padding_from == "mask"):
+        lkv = list(lq)
+    else:
+        lkv = _lengths(case, case.skv, rng)
+    return lq, lkv
+
+
+def _seq_shape(fmt: str, b: int, s: int, t: int) -> tuple[int, ...]:
+    return {"sbhd": (s, b), "bshd": (b, s), "thd": (t,)}[fmt]
+
+
+def _qkv_leaves(case: AttnCase, t_q: int, t_kv: int, randn) -> dict[str, torch.Tensor]:
+    """q, k, v as leaves: one "qkv" buffer, "q" and one "kv" buffer, or "q", "k", "v"."""
+    info = case.layout_info
     q_seq = _seq_shape(info.q_format, case.b, case.sq, t_q)
-    kv_seq = _seq_shape(info.kv_format, case.b, skv_buf, t_kv)
-    leaves: dict[str, torch.Tensor] = {}
+    kv_seq = _seq_shape(info.kv_format, case.b, _skv_buffer(case), t_kv)
     if info.packing == "qkv":
         shape = (*q_seq, 3, case.h, case.d) if info.pack_dim == -3 else (*q_seq, case.h, 3, case.d)
-        leaves["qkv"] = randn(*shape)
-    else:
-        leaves["q"] = randn(*q_seq, case.h, case.d)
-        if info.packing == "kv":
-            if info.pack_dim == -3:
-                leaves["kv"] = randn(*kv_seq, 2, case.hg, case.d)
-            else:
-                leaves["kv"] = randn(*kv_seq, case.hg, 2, case.d)
+        return {"qkv": randn(*shape)}
+    leaves = {"q": randn(*q_seq, case.h, case.d)}
+    if info.packing == "kv":
+        if info.pack_dim == -3:
+            leaves["kv"] = randn(*kv_seq, 2, case.hg, case.d)
         else:
-            leaves["k"] = randn(*kv_seq, case.hg, case.d)
-            leaves["v"] = randn(*kv_seq, case.hg, case.dv)
+            leaves["kv"] = randn(*kv_seq, case.hg, 2, case.d)
+    else:
+        leaves["k"] = randn(*kv_seq, case.hg, case.d)
+        leaves["v"] = randn(*kv_seq, case.hg, case.dv)
+    return leaves
 
+
+def _call_kwargs(case: AttnCase, lq, lkv, device, rng: torch.Generator) -> dict:
+    """The forward keyword arguments that are no leaves: layout, mask type, sequence lengths
+    (cu_seqlens or a padding mask), an arbitrary mask, window, alignment and bias type."""
+    info = case.layout_info
+    skv_buf = _skv_buffer(case)
     kwargs: dict = {"qkv_layout": case.layout, "attn_mask_type": case.mask_type}
     padded = case.mask_type.startswith("padding")
     if info.q_format == "thd":
@@ -365,10 +400,8 @@ def make_inputs(case: AttnCase, device: torch.device, rng: torch.Generator) -> A
     elif padded and case.padding_from == "cu_seqlens":
         kwargs.update(cu_seqlens_q=_cu(lq, device), cu_seqlens_kv=_cu(lkv, device))
     elif padded:
-        ar_q = torch.arange(case.sq, device=device)
-        ar_kv = torch.arange(skv_buf, device=device)
-        mq = (ar_q[None, :] >= torch.tensor(lq, device=device)[:, None]).view(case.b, 1, 1, -1)
-        mkv = (ar_kv[None, :] >= torch.tensor(lkv, device=device)[:, None]).view(case.b, 1, 1, -1)
+        mq = _padding_mask(lq, case.sq, device)
+        mkv = _padding_mask(lkv, skv_buf, device)
         kwargs["attention_mask"] = mq if case.sq == skv_buf else (mq, mkv)
     if case.mask_type == "arbitrary":
         shape = (case.b, case.h, case.sq, skv_buf)
@@ -379,28 +412,39 @@ def make_inputs(case: AttnCase, device: torch.device, rng: torch.Generator) -> A
         kwargs["window_size"] = case.window
     if case.bottom_right_diagonal is not None:
         kwargs["bottom_right_diagonal"] = case.bottom_right_diagonal
-
     if case.bias_type != "no_bias":
         kwargs["core_attention_bias_type"] = case.bias_type
-    if case.bias_type in ("pre_scale_bias", "post_scale_bias"):
-        dims = {
-            "bhss": (case.b, case.h, case.sq, skv_buf), "1hss": (1, case.h, case.sq, skv_buf),
-            "b1ss": (case.b, 1, case.sq, skv_buf), "11ss": (1, 1, case.sq, skv_buf),
-            "111s": (1, 1, 1, skv_buf),
-        }[case.bias_shape]  # fmt: skip
-        leaves["bias"] = randn(*dims)
-    if case.bias_type == "alibi" and case.alibi_slopes:
-        shape = (case.h,) if case.alibi_slopes == "h" else (case.b, case.h)
-        kwargs["alibi_slopes"] = torch.rand(shape, generator=rng).to(device) * 0.5 + 0.05
-    if case.softmax_type == "learnable":
-        leaves["offset"] = torch.randn(case.h, generator=rng).to(device)  # fp32, like TE
+    return kwargs
 
-    # dO of the output's shape (the reference run fixes the shape; built here from the rules)
-    if info.q_format == "sbhd":
-        out_shape = (case.sq, case.b, case.h * case.dv)
-    elif info.q_format == "bshd":
-        out_shape = (case.b, case.sq, case.h * case.dv)
-    else:
-        out_shape = (t_q, case.h * case.dv)
-    grad_out = randn(*out_shape)
-    return AttnInputs(leaves, kwargs, grad_out, lq, lkv)
+
+def _padding_mask(lengths: list[int], s: int, device) -> torch.Tensor:
+    """[b, 1, 1, s] bool, True = padding (position >= the sequence's length)."""
+    ar = torch.arange(s, device=device)
+    return (ar[None, :] >= torch.tensor(lengths, device=device)[:, None]).view(
+        len(lengths), 1, 1, -1
+    )
+
+
+def _bias_shape(case: AttnCase) -> tuple[int, ...]:
+    skv_buf = _skv_buffer(case)
+    return {
+        "bhss": (case.b, case.h, case.sq, skv_buf), "1hss": (1, case.h, case.sq, skv_buf),
+        "b1ss": (case.b, 1, case.sq, skv_buf), "11ss": (1, 1, case.sq, skv_buf),
+        "111s": (1, 1, 1, skv_buf),
+    }[case.bias_shape]  # fmt: skip
+
+
+def _alibi_slopes(case: AttnCase, device, rng: torch.Generator) -> torch.Tensor:
+    """User slopes [h] or [b, h], fp32 in [0.05, 0.55)."""
+    shape = (case.h,) if case.alibi_slopes == "h" else (case.b, case.h)
+    return torch.rand(shape, generator=rng).to(device) * 0.5 + 0.05
+
+
+def _output_shape(case: AttnCase, t_q: int) -> tuple[int, ...]:
+    """The output's shape by the SPEC §1 rules (dO is built before any implementation runs)."""
+    q_format = case.layout_info.q_format
+    if q_format == "sbhd":
+        return (case.sq, case.b, case.h * case.dv)
+    if q_format == "bshd":
+        return (case.b, case.sq, case.h * case.dv)
+    return (t_q, case.h * case.dv)

@@ -9,8 +9,7 @@ import torch
 
 from te_fast import fp8 as fp8_lib
 from te_fast import ops
-from te_ref.config import AttentionConfig, resolve
-from te_ref.layouts import SOFTMAX_TYPES
+from te_fast._call import SOFTMAX_TYPES, Call, resolve
 
 __all__ = ["UnfusedDotProductAttention"]
 
@@ -22,6 +21,14 @@ def _heads_first(t, fmt, cu_seqlens, b, s):
     if fmt == "bshd":
         return t.permute(0, 2, 1, 3)  # (b, s, h, d) -> (b, h, s, d)
     return ops.convert_thd_to_bshd(t, cu_seqlens, b, s).permute(0, 2, 1, 3)  # (b, h, s, d)
+
+
+def _heads_first_qkv(call, q, k, v):
+    """q (b, h, sq, dqk), k (b, hg, skv, dqk), v (b, hg, skv, dv)."""
+    qh = _heads_first(q, call.q_format, call.cu_seqlens_q, call.b, call.sq)
+    kh = _heads_first(k, call.kv_format, call.cu_seqlens_kv, call.b, call.skv)
+    vh = _heads_first(v, call.kv_format, call.cu_seqlens_kv, call.b, call.skv)
+    return qh, kh, vh
 
 
 def _repeat_kv(t, h):
@@ -119,59 +126,36 @@ class UnfusedDotProductAttention(torch.nn.Module):
         fp8_output: bool = False,
     ):
         """Attention in the SPEC §1 output shape; (out, max_logit [h]) with return_max_logit."""
+        call = resolve(
+            query_layer, key_layer, value_layer, qkv_layout, cu_seqlens_q, cu_seqlens_kv,
+            max_seqlen_q, max_seqlen_kv, attn_mask_type, attention_mask, window_size,
+            bottom_right_diagonal, core_attention_bias_type, core_attention_bias, alibi_slopes,
+            self.softmax_type, softmax_offset, self.softmax_offset, self.attention_type,
+            self.softmax_scale,
+        )  # fmt: skip
         if fp8 or fp8_output:  # the eager island: exactly one graph break, here
-            kwargs = dict(
-                qkv_layout=qkv_layout, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-                max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
-                attn_mask_type=attn_mask_type, attention_mask=attention_mask,
-                window_size=window_size, bottom_right_diagonal=bottom_right_diagonal,
-                core_attention_bias_type=core_attention_bias_type,
-                core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
-                softmax_offset=softmax_offset,
-            )  # fmt: skip
             return _fp8_island(
-                self, query_layer, key_layer, value_layer, kwargs, fp8, fp8_meta, fp8_output
+                self, call, query_layer, key_layer, value_layer, fp8, fp8_meta, fp8_output
             )
-        cfg = resolve(
-            query_layer, key_layer, value_layer,
-            qkv_layout=qkv_layout, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-            max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, attn_mask_type=attn_mask_type,
-            attention_mask=attention_mask, window_size=window_size,
-            bottom_right_diagonal=bottom_right_diagonal,
-            core_attention_bias_type=core_attention_bias_type,
-            core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
-            softmax_type=self.softmax_type, softmax_offset=softmax_offset,
-            attention_type=self.attention_type,
-            has_offset_parameter=self.softmax_offset is not None,
-        )  # fmt: skip
-        offset = softmax_offset if softmax_offset is not None else self.softmax_offset
-        return self._attention(
-            cfg, query_layer, key_layer, value_layer, cu_seqlens_q,
-            cu_seqlens_kv if cu_seqlens_kv is not None else cu_seqlens_q,
-            attention_mask, core_attention_bias, alibi_slopes, offset,
-        )  # fmt: skip
+        return self._attention(call, query_layer, key_layer, value_layer)
 
     @property
     def fp8_state(self) -> MappingProxyType:
         """Read-only copies of the FP8 scaling state, by role (QKV, S, O, dO, dP, dQKV)."""
         return MappingProxyType({r: s.view() for r, s in self._fp8_roles.items()})
 
-    def _fp8_forward(self, q, k, v, kwargs, fp8_enabled, fp8_meta, fp8_output):
+    def _fp8_forward(self, call: Call, q, k, v, fp8_enabled, fp8_meta, fp8_output):
         if not fp8_enabled:
             raise ValueError("fp8_output=True needs fp8=True")
         recipe = (fp8_meta or {}).get("recipe")
         if recipe is None:
             raise ValueError("fp8=True needs fp8_meta={'recipe': DelayedScaling(...) or "
                              "CurrentScaling(...)} (from te_fast.fp8)")  # fmt: skip
-        cfg = resolve(
-            q, k, v, softmax_type=self.softmax_type, attention_type=self.attention_type,
-            has_offset_parameter=self.softmax_offset is not None, **kwargs,
-        )  # fmt: skip
         unsupported = [
             what
             for what, bad in (
-                (f"core_attention_bias_type={cfg.bias_type!r}", cfg.bias_type != "no_bias"),
-                (f"softmax_type={cfg.softmax_type!r}", cfg.softmax_type != "vanilla"),
+                (f"core_attention_bias_type={call.bias_type!r}", call.bias_type != "no_bias"),
+                (f"softmax_type={call.softmax_type!r}", call.softmax_type != "vanilla"),
                 ("attention_dropout > 0 in training", self.training and self.attention_dropout),
                 ("return_max_logit", self.return_max_logit),
             )
@@ -181,20 +165,15 @@ class UnfusedDotProductAttention(torch.nn.Module):
             raise NotImplementedError(f"te_fast FP8 attention does not support {unsupported}")
         if recipe != self._fp8_recipe:  # a new recipe starts from a fresh state
             self._fp8_recipe, self._fp8_roles = recipe, fp8_lib.make_state(recipe, q.device)
-        cu_q, cu_kv = kwargs["cu_seqlens_q"], kwargs["cu_seqlens_kv"]
-        cu_kv = cu_kv if cu_kv is not None else cu_q
-        attention_mask = kwargs["attention_mask"]
-        qh, kh, vh, lq, lkv = self._heads_first_and_lengths(cfg, q, k, v, cu_q, cu_kv,
-                                                            attention_mask)  # fmt: skip
-        masked = self._mask(cfg, lq, lkv, attention_mask, q.device)
-        scale = cfg.dqk**-0.5 if self.softmax_scale is None else self.softmax_scale
+        qh, kh, vh = _heads_first_qkv(call, q, k, v)
+        masked = self._mask(call, q.device)
         o, o_data, o_scale_inv = fp8_lib.FP8Attention.apply(
-            qh, kh, vh, masked, scale, self._fp8_roles, self._softmax
+            qh, kh, vh, masked, call.scale, self._fp8_roles, self._softmax
         )
-        out = self._output(cfg, o, cu_q)
+        out = self._output(call, o)
         if not fp8_output:
             return out
-        return fp8_lib.to_float8(out, self._output(cfg, o_data, cu_q), o_scale_inv)
+        return fp8_lib.to_float8(out, self._output(call, o_data), o_scale_inv)
 
     @classmethod
     def _softmax(cls, scores, masked, scale):
@@ -202,49 +181,34 @@ class UnfusedDotProductAttention(torch.nn.Module):
             return ops.scaled_softmax(scores, scale)
         return cls._masked_softmax(scores, masked, scale)
 
-    def _heads_first_and_lengths(self, cfg, q, k, v, cu_q, cu_kv, attention_mask):
-        """q (b, h, sq, dqk), k (b, hg, skv, dqk), v (b, hg, skv, dv), and the per-batch
-        lengths (b,) of q and kv where the call has them (else None): all on the device."""
-        qh = _heads_first(q, cfg.layout.q_format, cu_q, cfg.b, cfg.sq)
-        kh = _heads_first(k, cfg.layout.kv_format, cu_kv, cfg.b, cfg.skv)
-        vh = _heads_first(v, cfg.layout.kv_format, cu_kv, cfg.b, cfg.skv)
-        lq = lkv = None
-        if cfg.q_lengths is not None:
-            lq = self._lengths(cfg.q_lengths, cu_q, attention_mask, 0)
-            lkv = self._lengths(cfg.kv_lengths, cu_kv, attention_mask, 1)
-        return qh, kh, vh, lq, lkv
-
-    def _attention(self, cfg: AttentionConfig, q, k, v, cu_q, cu_kv, attention_mask, bias,
-                   alibi_slopes, offset):  # fmt: skip
-        b, sq, skv, h = cfg.b, cfg.sq, cfg.skv, cfg.h
-        scale = cfg.dqk**-0.5 if self.softmax_scale is None else self.softmax_scale
-        qh, kh, vh, lq, lkv = self._heads_first_and_lengths(cfg, q, k, v, cu_q, cu_kv,
-                                                            attention_mask)  # fmt: skip
+    def _attention(self, call: Call, q, k, v):
+        b, sq, skv, h = call.b, call.sq, call.skv, call.h
+        scale = call.scale
+        qh, kh, vh = _heads_first_qkv(call, q, k, v)
         kh, vh = _repeat_kv(kh, h), _repeat_kv(vh, h)  # (b, h, skv, d): GQA/MQA
 
         # BMM1 and bias; `softmax_scale` is what the softmax kernel still has to apply (in fp32).
         scores = _bmm(qh, kh.transpose(-2, -1))  # (b, h, sq, skv)
         softmax_scale = scale
-        if cfg.bias_type == "pre_scale_bias":
-            scores = scores + bias.to(scores.dtype)
-        elif cfg.bias_type == "post_scale_bias":
-            scores = scores * scale + bias.to(scores.dtype)
+        if call.bias_type == "pre_scale_bias":
+            scores = scores + call.bias.to(scores.dtype)
+        elif call.bias_type == "post_scale_bias":
+            scores = scores * scale + call.bias.to(scores.dtype)
             softmax_scale = 1.0
-        elif cfg.bias_type == "alibi":
-            scores = scores * scale + self._alibi(cfg, alibi_slopes, lq, lkv, q.device).to(
-                scores.dtype
-            )
+        elif call.bias_type == "alibi":
+            scores = scores * scale + self._alibi(call, q.device).to(scores.dtype)
             softmax_scale = 1.0
 
         kernel_causal = (
-            cfg.causal and lq is None and cfg.window[0] < 0 and cfg.attn_mask_type != "arbitrary"
-            and cfg.softmax_type == "vanilla" and not self.return_max_logit
+            call.causal and call.lengths_q is None and call.window[0] < 0
+            and call.attn_mask_type != "arbitrary" and call.softmax_type == "vanilla"
+            and not self.return_max_logit
         )  # fmt: skip
-        masked = None if kernel_causal else self._mask(cfg, lq, lkv, attention_mask, q.device)
+        masked = None if kernel_causal else self._mask(call, q.device)
 
-        if cfg.softmax_type != "vanilla":
-            probs = self._sink_softmax(cfg, scores, softmax_scale, masked, offset)
-        elif kernel_causal and not cfg.bottom_right:
+        if call.softmax_type != "vanilla":
+            probs = self._sink_softmax(call, scores, softmax_scale, masked)
+        elif kernel_causal and not call.bottom_right:
             probs = ops.scaled_upper_triang_masked_softmax(
                 scores.reshape(b * h, sq, skv), softmax_scale
             ).view(b, h, sq, skv)
@@ -260,7 +224,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
                 probs = torch.nn.functional.dropout(probs, self.attention_dropout, self.training)
 
         o = _bmm(probs, vh)  # (b, h, sq, dv)
-        out = self._output(cfg, o, cu_q)
+        out = self._output(call, o)
         if not self.return_max_logit:
             return out
         logits = scores.float() * softmax_scale  # (b, h, sq, skv)
@@ -269,51 +233,46 @@ class UnfusedDotProductAttention(torch.nn.Module):
         return out, logits.amax(dim=(0, 2, 3))  # (h,)
 
     @staticmethod
-    def _lengths(source, cu_seqlens, attention_mask, which):
-        if source == "cu_seqlens":
-            return cu_seqlens[1:] - cu_seqlens[:-1]  # (b,) on the device: no host sync
-        mask = (
-            attention_mask[which] if isinstance(attention_mask, (tuple, list)) else attention_mask
-        )
-        return (~mask).sum(dim=(1, 2, 3))  # (b,)
-
-    @staticmethod
-    def _band(cfg, lq, lkv, device):
+    def _band(call, device):
         """(j - i - diagonal) as (b|1, 1, sq, skv): the distance from each element's diagonal."""
-        i = torch.arange(cfg.sq, device=device).view(1, 1, cfg.sq, 1)
-        j = torch.arange(cfg.skv, device=device).view(1, 1, 1, cfg.skv)
-        if not cfg.bottom_right:
+        i = torch.arange(call.sq, device=device).view(1, 1, call.sq, 1)
+        j = torch.arange(call.skv, device=device).view(1, 1, 1, call.skv)
+        if not call.bottom_right:
             return j - i
-        if lq is None:
-            return j - i - (cfg.skv - cfg.sq)
-        return j - i - (lkv - lq).view(-1, 1, 1, 1)
+        if call.lengths_q is None:
+            return j - i - (call.skv - call.sq)
+        return j - i - (call.lengths_kv - call.lengths_q).view(-1, 1, 1, 1)
 
-    def _mask(self, cfg, lq, lkv, attention_mask, device):
+    def _mask(self, call, device):
         """Bool (b|1, h|1, sq, skv), True = masked out; None when nothing can be masked."""
         masked = None
-        if lq is not None:
-            i = torch.arange(cfg.sq, device=device).view(1, 1, cfg.sq, 1)
-            j = torch.arange(cfg.skv, device=device).view(1, 1, 1, cfg.skv)
-            masked = (i >= lq.view(-1, 1, 1, 1)) | (j >= lkv.view(-1, 1, 1, 1))
-        left, right = cfg.window
+        if call.lengths_q is not None:
+            i = torch.arange(call.sq, device=device).view(1, 1, call.sq, 1)
+            j = torch.arange(call.skv, device=device).view(1, 1, 1, call.skv)
+            masked = (i >= call.lengths_q.view(-1, 1, 1, 1)) | (
+                j >= call.lengths_kv.view(-1, 1, 1, 1)
+            )
+        left, right = call.window
         if left >= 0 or right >= 0:
-            rel = self._band(cfg, lq, lkv, device)
+            rel = self._band(call, device)
             band = torch.zeros_like(rel, dtype=torch.bool)
             if right >= 0:
                 band = band | (rel > right)
             if left >= 0:
                 band = band | (rel < -left)
             masked = band if masked is None else masked | band
-        if cfg.attn_mask_type == "arbitrary":
-            masked = attention_mask if masked is None else masked | attention_mask
+        if call.attn_mask_type == "arbitrary":
+            mask = call.attention_mask
+            masked = mask if masked is None else masked | mask
         return masked
 
-    def _alibi(self, cfg, slopes, lq, lkv, device):
+    def _alibi(self, call, device):
         """-slope_h * |i - j + off| as fp32 (b|1, h, sq, skv)."""
+        slopes = call.alibi_slopes
         if slopes is None:
-            slopes = _alibi_slopes(cfg.h, device)
-        slopes = slopes.float().reshape(-1, cfg.h, 1, 1)  # (b|1, h, 1, 1)
-        distance = self._band(cfg, lq, lkv, device).abs().float()  # (b|1, 1, sq, skv)
+            slopes = _alibi_slopes(call.h, device)
+        slopes = slopes.float().reshape(-1, call.h, 1, 1)  # (b|1, h, 1, 1)
+        distance = self._band(call, device).abs().float()  # (b|1, 1, sq, skv)
         return -slopes * distance
 
     @staticmethod
@@ -326,7 +285,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
         probs = ops.scaled_masked_softmax(scores.reshape(b * h, 1, sq, skv), per_head, scale)
         return probs.view(b, h, sq, skv)
 
-    def _sink_softmax(self, cfg, scores, scale, masked, offset):
+    def _sink_softmax(self, call, scores, scale, masked):
         """off-by-one / learnable: one extra logit (0 or offset[h]) joins every row's denominator.
 
         The scores are scaled in fp32 and the sink column appended, so the te_fast kernel runs on
@@ -334,10 +293,10 @@ class UnfusedDotProductAttention(torch.nn.Module):
         """
         b, h, sq, skv = scores.shape
         logits = scores.float() * scale  # (b, h, sq, skv)
-        if cfg.softmax_type == "off-by-one":
+        if call.softmax_type == "off-by-one":
             sink = logits.new_zeros(b, h, sq, 1)
         else:
-            sink = offset.float().reshape(1, h, 1, 1).expand(b, h, sq, 1)
+            sink = call.softmax_offset.float().reshape(1, h, 1, 1).expand(b, h, sq, 1)
         ext = torch.cat([logits, sink], dim=-1)  # (b, h, sq, skv + 1)
         if masked is None:
             probs = ops.scaled_softmax(ext, 1.0)
@@ -348,19 +307,19 @@ class UnfusedDotProductAttention(torch.nn.Module):
         return probs[..., :skv].to(scores.dtype)  # (b, h, sq, skv)
 
     @staticmethod
-    def _output(cfg, o, cu_q):
+    def _output(call, o):
         b, h, sq, dv = o.shape
-        if cfg.layout.q_format == "sbhd":
+        if call.q_format == "sbhd":
             return o.permute(2, 0, 1, 3).reshape(sq, b, h * dv)  # (sq, b, h*dv)
-        if cfg.layout.q_format == "bshd":
+        if call.q_format == "bshd":
             return o.permute(0, 2, 1, 3).reshape(b, sq, h * dv)  # (b, sq, h*dv)
-        t = cfg.num_tokens_q
-        thd = ops.convert_bshd_to_thd(o.permute(0, 2, 1, 3), cu_q, t)  # (t, h, dv)
+        t = call.num_tokens_q
+        thd = ops.convert_bshd_to_thd(o.permute(0, 2, 1, 3), call.cu_seqlens_q, t)  # (t, h, dv)
         return thd.view(t, h * dv)
 
 
 @torch._dynamo.disable
-def _fp8_island(module, q, k, v, kwargs, fp8_enabled, fp8_meta, fp8_output):
+def _fp8_island(module, call, q, k, v, fp8_enabled, fp8_meta, fp8_output):
     """FP8 runs eagerly: under torch.compile this call is one graph break (fullgraph=True gives
     dynamo's error about a disabled function) and never a wrong compiled result."""
-    return module._fp8_forward(q, k, v, kwargs, fp8_enabled, fp8_meta, fp8_output)
+    return module._fp8_forward(call, q, k, v, fp8_enabled, fp8_meta, fp8_output)

@@ -74,11 +74,11 @@ def fp8_dot_product_attention(
     the pre-softmax scores), dQ, dK, dV (one scale). Everything between the quantization points
     runs in compute_dtype. Returns (out, (dq, dk, dv), amaxes by role) in the input layouts.
     """
-    cfg = resolve(q, k, v, qkv_layout=qkv_layout, **kwargs)
+    call = resolve(q, k, v, qkv_layout=qkv_layout, softmax_scale=softmax_scale, **kwargs)
     cd, dev = compute_dtype, q.device
-    b, sq, skv, h = cfg.b, cfg.sq, cfg.skv, cfg.h
-    cu_q, cu_kv = kwargs.get("cu_seqlens_q"), kwargs.get("cu_seqlens_kv")
-    cu_kv = cu_kv if cu_kv is not None else cu_q
+    b, sq, skv, h = call.b, call.sq, call.skv, call.h
+    cu_q, cu_kv = call.cu_seqlens_q, call.cu_seqlens_kv
+    q_format, kv_format = call.layout.q_format, call.layout.kv_format
 
     def heads_first(t, fmt, cu, s):  # any format -> (b, h, s, d)
         if fmt == "sbhd":
@@ -94,18 +94,10 @@ def fp8_dot_product_attention(
             return convert_bshd_to_thd(t.permute(0, 2, 1, 3), cu, like.shape[0], compute_dtype=cd)
         return t.permute(0, 2, 1, 3)
 
-    qh = heads_first(q.to(cd), cfg.layout.q_format, cu_q, sq)  # (b, h, sq, d)
-    kh = heads_first(k.to(cd), cfg.layout.kv_format, cu_kv, skv)  # (b, hg, skv, d)
-    vh = heads_first(v.to(cd), cfg.layout.kv_format, cu_kv, skv)  # (b, hg, skv, dv)
-    lq = lkv = None
-    if cfg.q_lengths == "cu_seqlens":
-        lq = (cu_q[1:] - cu_q[:-1]).long()
-        lkv = (cu_kv[1:] - cu_kv[:-1]).long()
-    elif cfg.q_lengths == "mask":
-        m = kwargs["attention_mask"]
-        mq, mkv = m if isinstance(m, (tuple, list)) else (m, m)
-        lq, lkv = (~mq).sum(dim=(1, 2, 3)), (~mkv).sum(dim=(1, 2, 3))
-    masked = build_mask(cfg, lq, lkv, kwargs.get("attention_mask"), dev)  # (b, h|1, sq, skv)
+    qh = heads_first(q.to(cd), q_format, cu_q, sq)  # (b, h, sq, d)
+    kh = heads_first(k.to(cd), kv_format, cu_kv, skv)  # (b, hg, skv, d)
+    vh = heads_first(v.to(cd), kv_format, cu_kv, skv)  # (b, hg, skv, dv)
+    masked = build_mask(call, dev)  # (b, h|1, sq, skv)
     amax = {}
 
     def fq(role, *tensors):  # fake-quantize tensors that share one scale
@@ -115,29 +107,29 @@ def fp8_dot_product_attention(
     # ---- forward
     q8, k8, v8 = fq("QKV", qh, kh, vh)
     kr, vr = _repeat(k8, h), _repeat(v8, h)  # (b, h, skv, d)
-    s = torch.matmul(q8, kr.transpose(-2, -1)) * softmax_scale  # (b, h, sq, skv)
+    s = torch.matmul(q8, kr.transpose(-2, -1)) * call.scale  # (b, h, sq, skv)
     p = masked_softmax(s, masked)  # (b, h, sq, skv)
     (p8,) = fq("S", p)
     o = torch.matmul(p8, vr)  # (b, h, sq, dv)
     (o8,) = fq("O", o)
-    out = back_to_layout(o8, cfg.layout.q_format, cu_q, q).reshape(
-        *(q.shape[:-2] if cfg.layout.q_format != "thd" else q.shape[:1]), h * cfg.dv
+    out = back_to_layout(o8, q_format, cu_q, q).reshape(
+        *(q.shape[:-2] if q_format != "thd" else q.shape[:1]), h * call.dv
     )
 
     # ---- backward, written out (dO -> dV, dP -> dQ, dK)
-    do = heads_first(grad_out.to(cd).reshape(*grad_out.shape[:-1], h, cfg.dv),
-                     cfg.layout.q_format, cu_q, sq)  # fmt: skip
+    do = heads_first(grad_out.to(cd).reshape(*grad_out.shape[:-1], h, call.dv),
+                     q_format, cu_q, sq)  # fmt: skip
     (do8,) = fq("dO", do)
-    dv = _group_sum(torch.matmul(p8.transpose(-2, -1), do8), cfg.hg)  # (b, hg, skv, dv)
+    dv = _group_sum(torch.matmul(p8.transpose(-2, -1), do8), call.hg)  # (b, hg, skv, dv)
     dp_soft = torch.matmul(do8, vr.transpose(-2, -1))  # (b, h, sq, skv)
-    ds = softmax_scale * p * (dp_soft - (dp_soft * p).sum(-1, keepdim=True))  # softmax backward
+    ds = call.scale * p * (dp_soft - (dp_soft * p).sum(-1, keepdim=True))  # softmax backward
     (ds8,) = fq("dP", ds)
     dq = torch.matmul(ds8, kr)  # (b, h, sq, d)
-    dk = _group_sum(torch.matmul(ds8.transpose(-2, -1), q8), cfg.hg)  # (b, hg, skv, d)
+    dk = _group_sum(torch.matmul(ds8.transpose(-2, -1), q8), call.hg)  # (b, hg, skv, d)
     dq8, dk8, dv8 = fq("dQKV", dq, dk, dv)
     grads = (
-        back_to_layout(dq8, cfg.layout.q_format, cu_q, q),
-        back_to_layout(dk8, cfg.layout.kv_format, cu_kv, k),
-        back_to_layout(dv8, cfg.layout.kv_format, cu_kv, v),
+        back_to_layout(dq8, q_format, cu_q, q),
+        back_to_layout(dk8, kv_format, cu_kv, k),
+        back_to_layout(dv8, kv_format, cu_kv, v),
     )
     return out, grads, amax
