@@ -20,11 +20,17 @@ from suites.op_cases import (
 )
 from te_fast import ops as fast
 
-# The lengths, plus one per CUDA kernel width and access path that they miss: 40 (2 per
-# lane, paired loads), 256 (8 per lane, 16-byte loads), 500 (16 per lane; one element at a time
-# for 16-bit dtypes, 500 % 8 != 0), 1023 (the last warp width, one at a time), 4099 (the block
-# path one at a time). 1000, 4096, 16384 and 20000 take 16-byte loads.
-ROW_LENGTHS = (1, 7, 16, 17, 40, 128, 256, 500, 1000, 1023, 4096, 4099, 16384, 20000)
+# The lengths, plus one per CUDA kernel shape and access path that they miss (see
+# csrc/cuda/softmax_impl.cuh; V = elements per access, 8 for 16-bit and 4 for fp32 data when
+# sk % V == 0, else 1): 16 and 40 (two threads per row, whole and partial chunks), 128 and 256
+# (4 and 8 lanes per row), 1000 (a warp, last chunk partial), 4096 (one 128-thread CTA), 16384
+# (a 512-thread CTA; a 2-CTA cluster for fp32), 20000 (2-CTA cluster for 16-bit, 4 for fp32),
+# 33000 (4- and 8-CTA clusters; the backward's two-pass kernel for fp32), 70000 (an 8-CTA cluster
+# for the 16-bit forward; the two-pass kernels elsewhere), 131080 (past every register shape:
+# two-pass). One element per access: 1, 7, 17, 500 (16-bit), 1023, 4099.
+ROW_LENGTHS = (
+    1, 7, 16, 17, 40, 128, 256, 500, 1000, 1023, 4096, 4099, 16384, 20000, 33000, 70000, 131080
+)
 SQUARE_MAX = {"cpu": 1000, "cuda": 4096}  # longest square [ab, s, s] upper-triangular case
 SCALE = 0.7
 

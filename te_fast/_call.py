@@ -77,6 +77,15 @@ def _err(msg: str) -> ValueError:
     return ValueError(f"dot_product_attention: {msg}")
 
 
+
+def _batch_and_seq(fmt: str, shape) -> tuple:
+    """(b, s) of a bshd/sbhd tensor's shape; (None, None) for thd (its arguments give them)."""
+    if fmt == "bshd":
+        return shape[0], shape[1]
+    if fmt == "sbhd":
+        return shape[1], shape[0]
+    return None, None
+
 def resolve(
     q, k, v, qkv_layout, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
     attn_mask_type, attention_mask, window_size, bottom_right_diagonal, bias_type, bias,
@@ -110,18 +119,8 @@ def resolve(
         raise _rank_error(kv_format, ks, "key_layer")
     if len(vs) != len(ks):
         raise _rank_error(kv_format, vs, "value_layer")
-    if q_format == "bshd":
-        bq, sq = qs[0], qs[1]
-    elif q_format == "sbhd":
-        sq, bq = qs[0], qs[1]
-    else:
-        bq = sq = None
-    if kv_format == "bshd":
-        bk, skv = ks[0], ks[1]
-    elif kv_format == "sbhd":
-        skv, bk = ks[0], ks[1]
-    else:
-        bk = skv = None
+    bq, sq = _batch_and_seq(q_format, qs)
+    bk, skv = _batch_and_seq(kv_format, ks)
     h, dqk, hg, dv = qs[-2], qs[-1], ks[-2], vs[-1]
     if ks[-1] != dqk:
         raise _err(f"query and key head dims differ: {dqk} vs {ks[-1]}")

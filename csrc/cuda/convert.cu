@@ -54,24 +54,36 @@ __device__ __forceinline__ void fill_row(U* dst, int64_t units, int lane, U valu
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; \
        row < (rows); row += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock)
 
+// The typed views of one launch's arguments that both directions use.
+template <typename U>
+struct Copy {
+  const U* src;
+  U* dst;
+  const int32_t* cu;
+  int lane;
+  __device__ explicit Copy(const ConvertArgs& a)
+      : src(static_cast<const U*>(a.src)),
+        dst(static_cast<U*>(a.dst)),
+        cu(a.cu_seqlens),
+        lane(static_cast<int>(threadIdx.x % kWarp)) {}
+};
+
 template <typename U>
 __global__ void __launch_bounds__(kThreads) thd_to_bshd_kernel(ConvertArgs a, int64_t units,
                                                                U nan_unit) {
-  const U* src = static_cast<const U*>(a.src);
-  U* dst = static_cast<U*>(a.dst);
-  const int32_t* cu = a.cu_seqlens;
+  const Copy<U> c(a);
+  const int32_t* cu = c.cu;
   const bool monotone = block_cu_seqlens_monotone(cu, a.batch);
-  const int lane = threadIdx.x % kWarp;
   TE_FAST_FOR_EACH_WARP_ROW(row, a.batch * a.seqlen) {
     const int64_t x = row / a.seqlen;
     const int64_t s = row - x * a.seqlen;
-    U* out = dst + row * units;
+    U* out = c.dst + row * units;
     if (!monotone || !te_fast_rules::sequence_ok(cu, x, a.tokens, a.seqlen)) {
-      fill_row(out, units, lane, nan_unit);
+      fill_row(out, units, c.lane, nan_unit);
     } else if (s < cu[x + 1] - cu[x]) {
-      copy_row(src + (cu[x] + s) * units, out, units, lane);
+      copy_row(c.src + (cu[x] + s) * units, out, units, c.lane);
     } else {
-      fill_row(out, units, lane, U{});  // padding
+      fill_row(out, units, c.lane, U{});  // padding
     }
   }
 }
@@ -79,21 +91,19 @@ __global__ void __launch_bounds__(kThreads) thd_to_bshd_kernel(ConvertArgs a, in
 template <typename U>
 __global__ void __launch_bounds__(kThreads) bshd_to_thd_kernel(ConvertArgs a, int64_t units,
                                                                U nan_unit) {
-  const U* src = static_cast<const U*>(a.src);
-  U* dst = static_cast<U*>(a.dst);
-  const int32_t* cu = a.cu_seqlens;
+  const Copy<U> c(a);
+  const int32_t* cu = c.cu;
   const int64_t used = cu[a.batch];
   const bool tokens_ok =
       block_cu_seqlens_monotone(cu, a.batch) && cu[0] == 0 && used >= 0 && used <= a.tokens;
-  const int lane = threadIdx.x % kWarp;
   TE_FAST_FOR_EACH_WARP_ROW(r, a.tokens) {
-    U* out = dst + r * units;
+    U* out = c.dst + r * units;
     if (!tokens_ok) {
-      fill_row(out, units, lane, nan_unit);
+      fill_row(out, units, c.lane, nan_unit);
       continue;
     }
     if (r >= used) {
-      fill_row(out, units, lane, U{});  // rows past cu_seqlens[-1] stay zero
+      fill_row(out, units, c.lane, U{});  // rows past cu_seqlens[-1] stay zero
       continue;
     }
     // The sequence holding token r: the last x with cu[x] <= r (skips empty sequences).
@@ -104,9 +114,9 @@ __global__ void __launch_bounds__(kThreads) bshd_to_thd_kernel(ConvertArgs a, in
       if (cu[mid] <= r) lo = mid; else hi = mid - 1;
     }
     if (te_fast_rules::sequence_ok(cu, lo, a.tokens, a.seqlen) && r < cu[lo + 1]) {
-      copy_row(src + (lo * a.seqlen + (r - cu[lo])) * units, out, units, lane);
+      copy_row(c.src + (lo * a.seqlen + (r - cu[lo])) * units, out, units, c.lane);
     } else {
-      fill_row(out, units, lane, nan_unit);
+      fill_row(out, units, c.lane, nan_unit);
     }
   }
 }

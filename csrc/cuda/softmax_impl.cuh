@@ -71,27 +71,14 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// The unsigned type of one access of Bytes bytes.
 template <int Bytes>
-struct Raw;
-template <>
-struct Raw<1> {
-  using type = uint8_t;
-};
-template <>
-struct Raw<2> {
-  using type = uint16_t;
-};
-template <>
-struct Raw<4> {
-  using type = uint32_t;
-};
-template <>
-struct Raw<8> {
-  using type = uint2;
-};
-template <>
-struct Raw<16> {
-  using type = uint4;
+struct Raw {
+  using type = std::conditional_t<
+      Bytes == 1, uint8_t,
+      std::conditional_t<Bytes == 2, uint16_t,
+                         std::conditional_t<Bytes == 4, uint32_t,
+                                            std::conditional_t<Bytes == 8, uint2, uint4>>>>;
 };
 
 // V consecutive elements as one register-held value: loaded and stored in one access.
@@ -713,16 +700,19 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArg
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const T* dy = static_cast<const T*>(a.dy) + row * a.sk;
     const T* y = static_cast<const T*>(a.y) + row * a.sk;
-    Acc<T> part = 0;
-    for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
-      float g[V];
-      float p[V];
+    auto load_pair = [&](int64_t j0, float* g, float* p) {  // dy and y at columns j0 ..
       Chunk<T, V> cg;
       Chunk<T, V> cp;
       cg.load(dy + j0);
       cp.load(y + j0);
       cg.unpack(g);
       cp.unpack(p);
+    };
+    Acc<T> part = 0;
+    for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
+      float g[V];
+      float p[V];
+      load_pair(j0, g, p);
 #pragma unroll
       for (int e = 0; e < V; ++e) part += g[e] * p[e];
     }
@@ -732,12 +722,7 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArg
     for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
       float g[V];
       float p[V];
-      Chunk<T, V> cg;
-      Chunk<T, V> cp;
-      cg.load(dy + j0);
-      cp.load(y + j0);
-      cg.unpack(g);
-      cp.unpack(p);
+      load_pair(j0, g, p);
 #pragma unroll
       for (int e = 0; e < V; ++e) g[e] = a.scale * p[e] * (g[e] - dot);
       Chunk<T, V>::store(dx + j0, g);
