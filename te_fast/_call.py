@@ -77,7 +77,6 @@ def _err(msg: str) -> ValueError:
     return ValueError(f"dot_product_attention: {msg}")
 
 
-
 def _batch_and_seq(fmt: str, shape) -> tuple:
     """(b, s) of a bshd/sbhd tensor's shape; (None, None) for thd (its arguments give them)."""
     if fmt == "bshd":
@@ -85,6 +84,7 @@ def _batch_and_seq(fmt: str, shape) -> tuple:
     if fmt == "sbhd":
         return shape[1], shape[0]
     return None, None
+
 
 def resolve(
     q, k, v, qkv_layout, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
