@@ -3,24 +3,26 @@
 // The row lives in registers. A row of sk columns is spread over R = G * C threads: G threads of
 // one CTA (G = 1 .. 32 lanes of a warp, several rows per warp, or G = 64 .. 512 threads, one row
 // per CTA), and C = 1, 2, 4 or 8 CTAs of a thread-block cluster (sm_90) for rows of 16K to 128K
-// columns, so that no thread holds more than 32 values and nothing spills. Thread t of the row
-// holds K chunks of V consecutive columns, chunk k at columns (k * R + t) * V: each chunk is one
-// 16-byte access per thread when sk and the pointers allow (V = 16 / sizeof(T)), else V = 1, and a
-// warp's chunk is one contiguous, coalesced stretch. Reductions go lane -> warp shuffle -> shared
-// memory across the warps of a CTA -> distributed shared memory across the CTAs of a cluster.
-// Rows longer than the largest configuration (or clusters unavailable) take the two-pass block
-// kernel at the end of this file, which has no length limit.
+// columns, so that no thread holds more than 32 values (under a 64-register cap: 1024 threads per
+// SM; the 512-thread and cluster shapes spill up to ~150 bytes a thread to L1). Thread t of the
+// row holds K chunks of V consecutive columns, chunk k at columns (k * R + t) * V: each chunk is
+// one 16-byte access per thread when sk and the pointers allow (V = 16 / sizeof(T)), else V = 1.
+// Reductions go lane -> warp shuffle -> shared memory across the warps of a CTA -> distributed
+// shared memory across the CTAs of a cluster. Grids are persistent (as many CTAs as stay
+// resident); a CTA walks its rows with a stride and issues the next row's loads before it reduces
+// the current one: into shared memory with cp.async for the 16-byte forward, into a second set of
+// registers for the backward. Rows longer than the largest configuration (or clusters
+// unavailable) take the two-pass block kernel at the end of this file, which has no length limit.
 //
 // Masking: columns at or past kept_prefix (causal modes) are never read and are written as 0; an
 // explicit mask is read V bytes per chunk. A row whose every column is masked (or -inf) is written
 // as zeros; a NaN poisons its row.
 //
 // Precision. fp16/bf16: the exponent works in base 2 with the scale folded in,
-// exp2(fma(x, scale * log2 e, -max)), in fp32 (the rounding of scale * log2 e moves a probability
-// by about 2^-24 relative per unit of the exponent, far below the 2^-9 .. 2^-12 of the output
-// rounding), and the sums are fp32. fp32 data keep the accurate expf of an argument formed in
-// double (te_fast_rules::exp_shifted, as on the CPU), and every sum and the final scaling of fp32
-// data are double: its output keeps 24 bits.
+// exp2(fma(x, scale * log2 e, -max)) with the hardware's ex2 (relative error about 2^-22), in
+// fp32, and the sums are fp32 (forward_row says more). fp32 data keep the accurate expf of an
+// argument formed in double (te_fast_rules::exp_shifted, as on the CPU), and every sum and the
+// final scaling of fp32 data are double: its output keeps 24 bits.
 #pragma once
 
 #include <cooperative_groups.h>
