@@ -13,6 +13,9 @@
 // the current one: into shared memory with cp.async for the 16-byte forward, into a second set of
 // registers for the backward. Rows longer than the largest configuration (or clusters
 // unavailable) take the two-pass block kernel at the end of this file, which has no length limit.
+// Rows of at most 512 bytes take a forward that pipelines two rows in registers instead (faster
+// there, slower on long rows). A persistent cluster grid is sized by the clusters that can be
+// resident at once (cudaOccupancyMaxActiveClusters), not by SMs: clusters live inside one GPC.
 //
 // Masking: columns at or past kept_prefix (causal modes) are never read and are written as 0; an
 // explicit mask is read V bytes per chunk. A row whose every column is masked (or -inf) is written
@@ -20,9 +23,11 @@
 //
 // Precision. fp16/bf16: the exponent works in base 2 with the scale folded in,
 // exp2(fma(x, scale * log2 e, -max)) with the hardware's ex2 (relative error about 2^-22), in
-// fp32, and the sums are fp32 (forward_row says more). fp32 data keep the accurate expf of an
-// argument formed in double (te_fast_rules::exp_shifted, as on the CPU), and every sum and the
-// final scaling of fp32 data are double: its output keeps 24 bits.
+// fp32, and the sums are fp32 (forward_row says more). fp32 data keep 24 bits without double
+// arithmetic per element: the argument x * c - max is held exactly as a float pair (exp_exact),
+// a thread's sum is compensated (Kahan), the sums across threads are double and 1 / sum is a
+// float pair. (The two-pass block kernel forms the argument in double, te_fast_rules::exp_shifted,
+// as on the CPU.)
 #pragma once
 
 #include <cooperative_groups.h>
@@ -259,6 +264,37 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// exp(x * c - shift) for fp32 data, exact to the expf's own error: x * c - shift is held as a
+// float pair d + lo (a two-product and a two-sum, with _rn intrinsics so that nothing is
+// contracted into an fma), and exp(d + lo) = exp(d) * (1 + lo) to well under an ulp, since
+// |lo| <= ulp(d). No double arithmetic and no conversions per element. -inf gives 0; a NaN or an
+// infinite shift gives NaN.
+__device__ __forceinline__ float exp_exact(float x, float c, float shift) {
+  const float p = __fmul_rn(x, c);
+  const float pe = __fmaf_rn(x, c, -p);  // x * c == p + pe
+  const float d = __fsub_rn(p, shift);
+  const float bp = __fsub_rn(d, p);  // two-sum of p and -shift: d + de == p - shift
+  const float ap = __fsub_rn(d, bp);
+  const float de = __fadd_rn(__fsub_rn(p, ap), __fsub_rn(-shift, bp));
+  const float ed = expf(d);
+  return fabsf(d) < INFINITY ? __fmaf_rn(ed, __fadd_rn(de, pe), ed) : ed;
+}
+
+// Compensated (Kahan) float sum: s - comp carries about twice the precision of s.
+struct KahanSum {
+  float s = 0.f;
+  float comp = 0.f;
+  __device__ __forceinline__ void add(float v) {
+    const float y = __fsub_rn(v, comp);
+    const float t = __fadd_rn(s, y);
+    comp = __fsub_rn(__fsub_rn(t, s), y);
+    s = t;
+  }
+  __device__ __forceinline__ double value() const {
+    return static_cast<double>(s) - static_cast<double>(comp);
+  }
+};
+
 // The forward computation of one row from this thread's chunks, however they are held:
 // chunk(k) gives chunk k as loaded, masked(k) the bits of its masked-out columns (explicit mask).
 // Columns at or past `limit` are masked (causal modes; 0 for a row past the end, which takes
@@ -320,7 +356,15 @@ __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row
   // fl(m * c) is the max of fl(x * c) when c > 0; all kept scores -inf: every e is 0.
   const float shift = mx == -INFINITY ? 0.f : (fast ? mx * c : mx);
   A part = 0;
-  if (fast) {
+  if constexpr (kWide<T>) {
+    KahanSum ks;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      v[e] = on >> e & 1u ? exp_exact(v[e], c, shift) : 0.f;
+      ks.add(v[e]);
+    }
+    part = ks.value();
+  } else if (fast) {
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
       v[e] = fast_exp2(fmaf(v[e], c, -shift));
@@ -335,6 +379,9 @@ __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row
   }
   const A sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
   const A inv = sum == A(0) ? A(0) : A(1) / sum;  // fully masked row -> 0
+  // fp32: 1 / sum as a float pair, so that y = e * inv rounds once, as in double.
+  const float inv_hi = static_cast<float>(inv);
+  const float inv_lo = static_cast<float>(static_cast<double>(inv) - inv_hi);
   if (row >= a.rows) return;
   T* y = static_cast<T*>(a.y) + row * a.sk;
 #pragma unroll
@@ -343,7 +390,10 @@ __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row
     if (j0 >= a.sk) continue;
     float o[V];
 #pragma unroll
-    for (int e = 0; e < V; ++e) o[e] = static_cast<float>(v[k * V + e] * inv);
+    for (int e = 0; e < V; ++e) {
+      const float ev = v[k * V + e];
+      o[e] = kWide<T> ? __fmaf_rn(ev, inv_hi, __fmul_rn(ev, inv_lo)) : ev * inv_hi;
+    }
     Chunk<T, V>::store(y + j0, o);
   }
 }
@@ -468,6 +518,24 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>
         a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k].bits(); },
         max_slots, sum_slots);
   }
+  cluster_exit<C>();
+}
+
+// 16-byte chunks, two rows in registers: the next row's loads are issued before the current row
+// is reduced (as in the backward).
+template <typename T, int V, int K, int G, int C, bool kMask>
+__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>::kMinCtasPerSm)
+    softmax_fwd_pipelined(SoftmaxFwdArgs a) {
+  using S = Shape<V, K, G, C>;
+  using Row = FwdRow<T, V, K, G, C, kMask>;
+  __shared__ Slots<float, S::kWarps> max_slots;
+  __shared__ Slots<Acc<T>, S::kWarps> sum_slots;
+  const float c = kWide<T> ? a.scale : static_cast<float>(static_cast<double>(a.scale) * kLog2e);
+  pipelined_rows<S::kRowsPerCta, C, G, Row>(a, [&](const Row& r) {
+    forward_row<T, V, K, G, C>(
+        a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k].bits(); },
+        max_slots, sum_slots);
+  });
   cluster_exit<C>();
 }
 
@@ -801,17 +869,15 @@ cudaError_t launch_rows(int rows_per_cta, int threads, int cluster, const Args& 
   const auto kernel = Kn::get();
   const size_t smem = Kn::smem();
   const int64_t needed = (a.rows + rows_per_cta - 1) / rows_per_cta;  // CTAs (or clusters)
-  const int64_t resident = static_cast<int64_t>(sm_count()) *
-                           resident_ctas_per_sm<Kn>(kernel, threads, smem) / cluster;
-  int64_t units = needed < resident ? needed : (resident > 0 ? resident : 1);
-  units = units < kMaxCtas ? units : kMaxCtas;
-  const dim3 grid(static_cast<unsigned>(units * cluster));
+  const int per_sm = resident_ctas_per_sm<Kn>(kernel, threads, smem);
   if (cluster == 1) {
-    kernel<<<grid, threads, smem, stream>>>(a);
+    const int64_t resident = static_cast<int64_t>(sm_count()) * per_sm;
+    int64_t units = needed < resident ? needed : (resident > 0 ? resident : 1);
+    units = units < kMaxCtas ? units : kMaxCtas;
+    kernel<<<static_cast<unsigned>(units), threads, smem, stream>>>(a);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
@@ -822,6 +888,21 @@ cudaError_t launch_rows(int rows_per_cta, int threads, int cluster, const Args& 
   attr[0].val.clusterDim.z = 1;
   config.attrs = attr;
   config.numAttrs = 1;
+  // Clusters must fit in one GPC: fewer of them are resident at once than SMs * CTAs per SM /
+  // cluster suggests, and a persistent grid larger than that would run a second, mostly idle wave.
+  static int resident = 0;  // one per kernel (Kn)
+  if (resident == 0) {
+    config.gridDim = dim3(static_cast<unsigned>(cluster));
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess || n <= 0) {
+      (void)cudaGetLastError();
+      n = sm_count() * per_sm / cluster;
+    }
+    resident = n > 0 ? n : 1;
+  }
+  int64_t units = needed < resident ? needed : resident;
+  units = units < kMaxCtas ? units : kMaxCtas;
+  config.gridDim = dim3(static_cast<unsigned>(units * cluster));
   return cudaLaunchKernelEx(&config, kernel, a);
 }
 
@@ -838,6 +919,11 @@ struct FwdKernel {
     }
   }
   static size_t smem() { return kStaged ? FwdStage<T, V, K, G, C, kMask>::kBytes : 0; }
+};
+template <typename T, int V, int K, int G, int C, bool kMask>
+struct FwdPipeKernel {
+  static auto get() { return softmax_fwd_pipelined<T, V, K, G, C, kMask>; }
+  static size_t smem() { return 0; }
 };
 template <typename T, int V, int K, int G, int C, bool kMask>
 struct BwdKernel {
@@ -907,16 +993,34 @@ cudaError_t launch_block(Kernel kernel, const Args& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Chunks per thread, chosen so that nothing spills under the 64-register cap: a forward thread
-// takes 32 fp16/bf16 values or 16 fp32 ones per row (two rows staged in shared memory; one row
-// of 16, or 8 fp32, in registers for one-element chunks); a backward thread holds two rows of
-// 2 chunks of dy and y each (8 values of each for one-element chunks).
+// Chunks per thread, under the 64-register cap: a forward thread takes 32 fp16/bf16 values or 16
+// fp32 ones per row (two rows staged in shared memory; one row of 16, or 8 fp32, in registers
+// for one-element chunks); a backward thread holds two rows of 2 chunks of dy and y each (8
+// values of each for one-element chunks). The 512-thread and cluster shapes spill a little.
+//
+// Short rows (up to 512 bytes: 256 fp16/bf16 or 128 fp32 columns, 16 threads at most) take the
+// register-pipelined kernel with two chunks a thread; longer rows the shared-memory staged one
+// with four. Measured on an H200 (2026-12-03, python -m benchmarks): the pipelined kernel is
+// 5-10 points of the copy ceiling faster up to 256 bf16 columns and slower beyond (62% against
+// 79% at 16K), where its clusters are twice as large.
+template <typename T, bool kMask>
+bool launch_short_rows(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
+  constexpr int V = kVec<T>;
+  if (a.sk * static_cast<int64_t>(sizeof(T)) > 512) return false;
+  return try_shape<FwdPipeKernel, T, V, 1, 1, 1, kMask>(a, stream, err) ||
+         try_shape<FwdPipeKernel, T, V, 1, 2, 1, kMask>(a, stream, err) ||
+         try_shape<FwdPipeKernel, T, V, 2, 2, 1, kMask>(a, stream, err) ||
+         try_shape<FwdPipeKernel, T, V, 2, 4, 1, kMask>(a, stream, err) ||
+         try_shape<FwdPipeKernel, T, V, 2, 8, 1, kMask>(a, stream, err) ||
+         try_shape<FwdPipeKernel, T, V, 2, 16, 1, kMask>(a, stream, err);
+}
+
 template <typename T, bool kMask>
 cudaError_t softmax_fwd_masked(const SoftmaxFwdArgs& a, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   if (chunks_fit<T>(a, kVec<T>)) {
-    if (launch_registers<FwdKernel, T, kVec<T>, 16 / kVec<T> * (kWide<T> ? 1 : 2), kMask>(
-            a, stream, err)) {
+    if (launch_short_rows<T, kMask>(a, stream, err) ||
+        launch_registers<FwdKernel, T, kVec<T>, 4, kMask>(a, stream, err)) {
       return err;
     }
     return launch_block(softmax_fwd_block<T, kVec<T>>, a, stream);
