@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: environment, a timed build, the given pytest run (through the report
 # tool), and optionally the benchmark; every log lands in $OUT (default ./gpu_out).
-#   tools/gpu_run.sh [--bench] [--] [python -m reports run arguments ...]
+#   tools/gpu_run.sh [--bench] [--ncu] [--] [python -m reports run arguments ...]
+# --ncu: after everything else, tools/ncu_softmax.py --table (ncu on the standing kernel list)
+# into $OUT/ncu.txt.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 bench=0
-if [ "${1:-}" = "--bench" ]; then bench=1; shift; fi
-if [ "${1:-}" = "--" ]; then shift; fi
+ncu=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bench) bench=1; shift ;;
+    --ncu) ncu=1; shift ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
 
 if [ -d .whl ]; then  # wheels carried to a machine without a registry
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -58,6 +67,9 @@ fi
 
 if [ $# -gt 0 ]; then
   $PY -m reports run --out "$OUT/report" "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v -E "^\.|^s|PASSED|SKIPPED" | tail -60
+fi
+if [ $ncu -eq 1 ]; then
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 300 $PY tools/ncu_softmax.py --table 2>&1 | tee "$OUT/ncu.txt"
 fi
 if [ $bench -eq 1 ]; then
   # one line per result as it goes (also in bench.log); the summary and any WRONG/ERROR last
