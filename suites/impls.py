@@ -14,6 +14,7 @@ import torch
 
 from suites.adapter import CAPABILITIES, Adapter  # noqa: F401  (re-exported)
 from suites.cases import AttnCase
+from suites.te_adapter import TransformerEngine
 
 
 class TeFast(Adapter):
@@ -107,7 +108,7 @@ class _Sdpa(torch.nn.Module):
         return out.permute(0, 2, 1, 3).reshape(b, sq, h * dv)
 
 
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (TeFast(), TorchSdpa())}
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (TeFast(), TorchSdpa(), TransformerEngine())}
 
 
 def selected(config, pool: dict[str, Adapter] | None = None) -> list[Adapter]:
