@@ -24,12 +24,15 @@ from reports.render import render, summary_line
 from reports.verdict import Verdict
 
 BASELINE_DIR = Path("reports/baseline")
+# The suites that take --impl (their adapter axis): what `run --impl NAME` gates by default.
+IMPL_SUITES = ("suites/test_attention.py", "suites/test_compile.py")
 
 EPILOG = """\
 examples:
   python -m reports run suites/                  run the suites (-n auto), render, gate
   python -m reports run -- -k bf16 -x            everything after -- goes to pytest
   python -m reports run --update-baseline        run and make this run the baseline
+  python -m reports run --impl transformer_engine gate an installed Transformer Engine
   python -m reports compare new.json reports/baseline/h100.json
   python -m reports merge s1.json s2.json s3.json -o merged.json
   python -m reports render reports/latest/report.json
@@ -86,7 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--baseline",
         metavar="PATH",
-        help="baseline report (default: reports/baseline/<machine class>.json)",
+        help="baseline report (default: reports/baseline/<machine class>.json, or "
+        "<machine class>.<NAME>.json with --impl NAME)",
+    )
+    run.add_argument(
+        "--impl",
+        action="append",
+        metavar="NAME",
+        help="gate this adapter (repeatable; suites/impls.py): passed to pytest, runs "
+        f"{' and '.join(IMPL_SUITES)} unless pytest paths are given, and compares with the "
+        "adapter's own baseline",
     )
     run.add_argument(
         "--machine-class",
@@ -206,12 +218,23 @@ def _compare_with_baseline(
     return compare(report, base, args.ratio_factor, args.min_ratio), None
 
 
+def _paths_given(args: list[str]) -> bool:
+    """Whether the pytest arguments name a test file or directory (pytest's own selection)."""
+    return any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in args)
+
+
 def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     """Run pytest with the plugin, render, compare with the baseline, print the verdict."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = args.machine_class or env.machine_class()
-    baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{machine}.json"
+    impls = args.impl or []
+    # another adapter's run has other cases: it is compared with its own baseline
+    name = ".".join([machine, *impls])
+    baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{name}.json"
+    if impls:
+        suites = [] if _paths_given(pytest_args) else list(IMPL_SUITES)
+        pytest_args = [*(a for n in impls for a in ("--impl", n)), *pytest_args, *suites]
     report_path, junit = out / "report.json", out / "junit.xml"
     report_path.unlink(missing_ok=True)  # a stale report must not stand in for this run's
 

@@ -325,3 +325,32 @@ def test_headline_worst_ratio_of_a_gpu_run_comes_from_the_gpu_cases():
     # without a rated GPU case (a CPU run, or every GPU case skipped) all cases count
     cpu_run = summary_line(report(*[c for c in cases if "cuda" not in c["nodeid"]], cases[-1]))
     assert "worst ratio 0.95 (test_c, out)" in cpu_run, cpu_run
+
+
+def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, monkeypatch, capsys):
+    """`run --impl NAME`: pytest gets --impl NAME and the adapter suites (unless paths are
+    given); the baseline is <class>.<NAME>.json, never the default adapter's."""
+    import reports.__main__ as cli
+
+    commands = []
+
+    def fake_pytest(cmd):
+        commands.append(cmd)
+        out = cmd[cmd.index("--te-report") + 1]
+        write_report(report(case("suites/test_attention.py::t[x-transformer_engine]")), out)
+        return 0
+
+    monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
+    monkeypatch.chdir(cli.Path(__file__).resolve().parents[1])  # the repository: suites/ exists
+    out = str(tmp_path / "out")
+    args = ["run", "--out", out, "--machine-class", "h200", "--impl", "transformer_engine"]
+    assert main([*args, "-n", "2"]) == 2  # no such baseline: a clear exit 2, not "missing cases"
+    text = capsys.readouterr().out
+    assert "no baseline at reports/baseline/h200.transformer_engine.json" in text, text
+    assert commands[0][-6:] == ["--impl", "transformer_engine", "-n", "2",
+                                "suites/test_attention.py", "suites/test_compile.py"]  # fmt: skip
+    main([*args, "--", "suites/test_attention.py::test_core", "-x"])
+    assert commands[1][-4:] == ["--impl", "transformer_engine",
+                                "suites/test_attention.py::test_core", "-x"]  # fmt: skip
+    main(["run", "--out", out, "--machine-class", "h200", "--no-compare"])
+    assert "--impl" not in commands[2] and "suites/test_compile.py" not in commands[2]
