@@ -1,4 +1,4 @@
-"""Command line: python -m reports run | compare | merge | render."""
+"""Command line: python -m reports run | compare | merge | render | screenshot."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ examples:
   python -m reports compare new.json reports/baseline/h100.json
   python -m reports merge s1.json s2.json s3.json -o merged.json
   python -m reports render reports/latest/report.json
+  python -m reports screenshot reports/baseline/h200.json -o docs/report_h200.png
 
 exit codes: 0 pass; 1 failing cases or regressions against the baseline;
             2 missing/corrupt baseline or unreadable report; other: pytest's own exit code.
@@ -163,6 +164,25 @@ def build_parser() -> argparse.ArgumentParser:
     rnd.add_argument("report", metavar="REPORT", help="a report.json")
     rnd.add_argument("--out", metavar="DIR", help="output directory (default: the report's)")
     rnd.set_defaults(func=cmd_render)
+
+    shot = sub.add_parser(
+        "screenshot",
+        allow_abbrev=False,
+        help="render report.html, check it in headless Chromium, save a screenshot",
+        description="Render a report.json as report.html, load it in headless Chromium (Debian's "
+        "chromium package, or $TE_CHROMIUM), check what a reader sees (no console errors, every "
+        "plot decoded, the verdict banner and any failure section visible, nothing fetched from "
+        "outside the file) and write a PNG screenshot. Exit 1 when a check fails, 2 without "
+        "Chromium.",
+    )
+    shot.add_argument("report", metavar="REPORT", help="a report.json")
+    shot.add_argument("-o", "--output", required=True, metavar="PNG", help="the screenshot")
+    shot.add_argument("--width", type=int, default=1280, help="viewport width (default 1280)")
+    shot.add_argument("--height", type=int, default=1600, help="viewport height (default 1600)")
+    shot.add_argument(
+        "--full-page", action="store_true", help="the whole page, not the first viewport"
+    )
+    shot.set_defaults(func=cmd_screenshot)
     return parser
 
 
@@ -325,6 +345,33 @@ def cmd_render(args: argparse.Namespace, _: list[str]) -> int:
     report = load_report(args.report)
     md, page = render(report, args.out or Path(args.report).parent)
     print(f"{md}\n{page}")
+    return 0
+
+
+def cmd_screenshot(args: argparse.Namespace, _: list[str]) -> int:
+    """Render, check in Chromium, write the screenshot."""
+    import tempfile
+
+    from reports.browser import BrowserError, check_page
+
+    report = load_report(args.report)
+    with tempfile.TemporaryDirectory(prefix="te-report-") as tmp:
+        _, page = render(report, tmp)
+        try:
+            result = check_page(page, width=args.width, height=args.height,
+                                full_page=args.full_page)  # fmt: skip
+        except BrowserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    problems = result.problems(expect_failures=bool(failures(report)))
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    if problems:
+        print(f"{args.report}: the page has {len(problems)} problem(s); no screenshot written")
+        return 1
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_bytes(result.screenshot)
+    print(f"{args.output}: {summary_line(report)}")
     return 0
 
 

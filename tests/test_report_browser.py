@@ -1,0 +1,174 @@
+"""report.html in a real browser: a small real report (the tiny suite through the plugin and the
+renderer) loaded in headless Chromium, checked as a reader sees it and photographed; broken
+copies of the same page show that every check can fail.
+
+Skips where Chromium is absent, except under CI (CI=true), where that is a failure: .ci/run
+installs Debian's chromium.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_reports_e2e import child_env, make_suite, run_pytest
+
+from reports.__main__ import main
+from reports.browser import INSTALL_HINT, Chromium, external_references, find_chromium
+from reports.model import load_report
+from reports.render import render
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if find_chromium() is None:
+        reason = f"Chromium not found ({INSTALL_HINT})"
+        if _in_ci():
+            pytest.fail(f"{reason}; CI must run the browser test (.ci/run installs it)")
+        pytest.skip(reason)
+    with Chromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture(scope="module")
+def report_json(tmp_path_factory) -> Path:
+    """report.json of the tiny suite (passes, a NaN failure, an error, skips, compile counters)."""
+    suite = make_suite(tmp_path_factory.mktemp("tiny"))
+    out = suite / "report.json"
+    proc = run_pytest(suite, "--te-report", str(out))
+    assert out.exists(), proc.stdout + proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def page(report_json) -> Path:
+    _, html = render(load_report(report_json), report_json.parent / "html")
+    return html
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_in_chromium(browser, page, tmp_path):
+    """No console error, nothing fetched, three plots decoded with pixels and shown, the verdict
+    banner and the failure section visible; a full-page screenshot."""
+    assert external_references(page.read_text()) == []
+    result = browser.check(page, width=1280)
+    assert result.problems(expect_failures=True) == []
+    assert result.console_errors == [] and result.requests == []
+    assert [i["alt"] for i in result.probe["images"]] == [
+        "Worst ratio by layout x dtype", "Distribution of ratios", "Compile counters",
+    ]  # fmt: skip
+    assert all(i["naturalWidth"] > 200 and i["naturalHeight"] > 100 for i in result.probe["images"])
+    assert result.probe["verdict"]["text"].startswith("Tests FAIL: 4 passed, 1 failed")
+    assert result.probe["failures"]["text"] == "Failures (2)"
+    assert result.probe["failureEntries"] == 2
+    width, height = png_size(result.screenshot)
+    assert width == 1280 and height > 2000  # the whole page: tables, plots, failures
+    (tmp_path / "report.png").write_bytes(result.screenshot)
+
+
+# A broken copy of the page: (text of the real report.html, its replacement) -> the problems
+# the checks must report (each a substring of one problem).
+LOGO = '<img alt="logo" src="https://example.invalid/logo.png">'
+BROKEN = {
+    "console_error": (
+        ("</body>", "<script>console.error('boom from the fixture')</script></body>"),
+        ["console error: console.error: boom from the fixture"],
+    ),
+    "exception": (
+        ("</body>", "<script>null.x</script></body>"),
+        ["console error: uncaught: TypeError"],
+    ),
+    "broken_image": (
+        ('src="data:image/png;base64,', 'src="data:image/png;base64,AAAA'),
+        ["image 'Worst ratio by layout x dtype'", "did not decode"],
+    ),
+    "external_image": (
+        ("</body>", LOGO + "</body>"),
+        [
+            "external URL in the file: https://example.invalid/logo.png",
+            "request beyond the file: https://example.invalid/logo.png",
+            "image 'logo' (https://example.invalid/logo.png...) did not decode",
+        ],
+    ),
+    "css_import": (
+        ("<style>", "<style>@import url('https://example.invalid/x.css');"),
+        [
+            "external URL in the file: https://example.invalid/x.css",
+            "request beyond the file: https://example.invalid/x.css",
+        ],
+    ),
+    "script_fetch": (  # invisible to the static check: only the browser sees it
+        ("</body>", "<script>fetch('https:' + '//example.invalid/t')</script></body>"),
+        ["request beyond the file: https://example.invalid/t"],
+    ),
+    "hidden_verdict": (
+        ("</style>", ".verdict { display: none }</style>"),
+        ["the verdict banner (.verdict) is not visible"],
+    ),
+    "hidden_failures": (
+        ("</style>", "h2 { visibility: hidden }</style>"),
+        ["the failure section is not visible"],
+    ),
+    "flat_plots": (
+        ("</style>", "img { height: 0 }</style>"),
+        ["image 'Compile counters'", "takes no space on the page"],
+    ),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BROKEN))
+def test_checks_catch_a_broken_page(browser, page, tmp_path, breakage):
+    (old, new), expected = BROKEN[breakage]
+    text = page.read_text()
+    assert old in text, old
+    broken = tmp_path / "report.html"
+    broken.write_text(text.replace(old, new, 1))
+    problems = browser.check(broken, width=1280, full_page=False).problems(expect_failures=True)
+    for want in expected:
+        assert any(want in p for p in problems), (want, problems)
+
+
+def test_static_check_sees_what_loads_and_not_what_is_text():
+    page = """<html><head><link rel="stylesheet" href="//cdn.example/x.css">
+    <style>body { background: url("bg.png") } .a { background: url(data:image/png,A) }</style>
+    </head><body><p>see https://example.invalid/doc (text, never fetched)</p><a href="#top">up</a>
+    <img srcset="a.png 1x, https://example.invalid/b.png 2x" src="data:image/png;base64,AA">
+    <div style="background-image: url('https://example.invalid/c.png')"></div></body></html>"""
+    assert external_references(page) == [
+        "//cdn.example/x.css", "bg.png", "a.png", "https://example.invalid/b.png",
+        "https://example.invalid/c.png",
+    ]  # fmt: skip
+
+
+def test_screenshot_command_checks_the_page_and_writes_the_png(browser, report_json, tmp_path):
+    """`python -m reports screenshot` (how docs/report_h200.png is made): the first viewport."""
+    out = tmp_path / "docs" / "shot.png"
+    assert main(["screenshot", str(report_json), "-o", str(out), "--height", "900"]) == 0
+    assert png_size(out.read_bytes()) == (1280, 900)
+
+
+@pytest.mark.parametrize("ci,outcome", [("", "1 skipped"), ("true", "1 error")])
+def test_without_chromium_the_test_skips_but_not_in_ci(ci, outcome):
+    """TE_CHROMIUM naming no executable stands for a machine without Chromium."""
+    test = f"{Path(__file__).name}::test_report_in_chromium"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+           "-rs", test]  # fmt: skip
+    env = child_env(TE_CHROMIUM="/nonexistent/chromium", CI=ci)
+    proc = subprocess.run(cmd, cwd=Path(__file__).parent, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert outcome in proc.stdout, proc.stdout[-3000:]
+    assert "Chromium not found (install Debian's chromium: apt-get install -y chromium)" in (
+        proc.stdout
+    )
