@@ -352,7 +352,7 @@ def cmd_screenshot(args: argparse.Namespace, _: list[str]) -> int:
     """Render, check in Chromium, write the screenshot."""
     import tempfile
 
-    from reports.browser import BrowserError, check_page
+    from reports.browser import BrowserError, check_page, tag_png
 
     report = load_report(args.report)
     with tempfile.TemporaryDirectory(prefix="te-report-") as tmp:
@@ -369,8 +369,11 @@ def cmd_screenshot(args: argparse.Namespace, _: list[str]) -> int:
     if problems:
         print(f"{args.report}: the page has {len(problems)} problem(s); no screenshot written")
         return 1
+    # the PNG says which report it shows (tests/test_report_browser.py checks the README's)
+    info = {"report": args.report, "summary": summary_line(report),
+            "date_utc": report["environment"].get("date_utc")}  # fmt: skip
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_bytes(result.screenshot)
+    Path(args.output).write_bytes(tag_png(result.screenshot, info))
     print(f"{args.output}: {summary_line(report)}")
     return 0
 

@@ -12,15 +12,25 @@ import os
 import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
 from test_reports_e2e import child_env, make_suite, run_pytest
 
 from reports.__main__ import main
-from reports.browser import INSTALL_HINT, Chromium, external_references, find_chromium
+from reports.browser import (
+    INSTALL_HINT,
+    Chromium,
+    external_references,
+    find_chromium,
+    png_tag,
+    tag_png,
+)
 from reports.model import load_report
-from reports.render import render
+from reports.render import render, summary_line
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _in_ci() -> bool:
@@ -157,6 +167,39 @@ def test_screenshot_command_checks_the_page_and_writes_the_png(browser, report_j
     out = tmp_path / "docs" / "shot.png"
     assert main(["screenshot", str(report_json), "-o", str(out), "--height", "900"]) == 0
     assert png_size(out.read_bytes()) == (1280, 900)
+    tag = png_tag(out.read_bytes())
+    assert tag["report"] == str(report_json)
+    assert tag["summary"] == summary_line(load_report(report_json))
+
+
+def _one_pixel_png() -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return len(data).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)  # 1x1, 8-bit RGB
+    pixels = zlib.compress(b"\0\xff\x00\x00")  # filter byte, one red pixel
+    chunks = chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + chunks
+
+
+def test_png_tag_round_trip():
+    png = _one_pixel_png()
+    assert png_tag(png) is None
+    tagged = tag_png(png, {"summary": "x"})
+    assert png_tag(tagged) == {"summary": "x"} and png_size(tagged) == png_size(png)
+    assert png_tag(tagged.replace(b"te-conformance-report", b"something-else-here!!")) is None
+
+
+def test_readme_screenshot_shows_the_current_h200_report():
+    """docs/report_h200.png is made by the screenshot command from reports/baseline/h200.json and
+    records which report it shows: a new baseline (or headline) needs a new picture."""
+    regenerate = "python -m reports screenshot reports/baseline/h200.json -o docs/report_h200.png"
+    tag = png_tag((ROOT / "docs" / "report_h200.png").read_bytes())
+    assert tag is not None, f"docs/report_h200.png does not say what it shows; run: {regenerate}"
+    assert tag["report"] == "reports/baseline/h200.json"
+    current = summary_line(load_report(ROOT / tag["report"]))
+    assert tag["summary"] == current, f"docs/report_h200.png is out of date; run: {regenerate}"
 
 
 @pytest.mark.parametrize("ci,outcome", [("", "1 skipped"), ("true", "1 error")])
