@@ -334,7 +334,9 @@ class TransformerEngine(Adapter):
                     "transformer_engine runs FP8 attention with neither sink softmax nor "
                     "return_max_logit (get_attention_backend disables every backend)"
                 )
-            region = te_autocast(te, te_recipe(te, (fp8_meta or {})["recipe"]))
+            if not (fp8_meta and "recipe" in fp8_meta):
+                raise ValueError("transformer_engine: fp8=True needs fp8_meta={'recipe': ...}")
+            region = te_autocast(te, te_recipe(te, fp8_meta["recipe"]))
         with region:
             result = module(q, k, v, **forward)
         _require_unfused(module)

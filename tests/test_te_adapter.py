@@ -315,6 +315,8 @@ def test_fp8_combinations_te_cannot_run_are_clear_errors(te):
     fp8 = {"recipe": te_fast.fp8.DelayedScaling()}
     with pytest.raises(NotImplementedError, match="neither sink softmax nor return_max_logit"):
         run(te, sink, fp8=True, fp8_meta=fp8)
+    with pytest.raises(ValueError, match=r"fp8=True needs fp8_meta=\{'recipe': ...\}"):
+        run(te, case, fp8=True)
 
 
 def test_an_argument_without_a_te_mapping_is_an_error(te):
