@@ -1,9 +1,4 @@
-"""report.html as a person sees it: loaded in headless Chromium, checked, and photographed.
-
-Chromium is driven over the DevTools protocol on a pipe (--remote-debugging-pipe: commands on
-file descriptor 3, replies and events on 4, JSON messages ended by a NUL byte), so nothing beyond
-the standard library and Debian's `chromium` package is needed, and no port is opened.
-"""
+"""report.html as a person sees it: loaded in headless Chromium, checked, and photographed."""
 
 from __future__ import annotations
 
@@ -159,7 +154,12 @@ class PageCheck:
 
 
 class Chromium:
-    """A headless Chromium for checking pages; ``with Chromium() as browser: browser.check(p)``."""
+    """A headless Chromium for checking pages; ``with Chromium() as browser: browser.check(p)``.
+
+    Driven over the DevTools protocol on a pipe (--remote-debugging-pipe: commands on file
+    descriptor 3, replies and events on 4, JSON messages ended by a NUL byte): nothing beyond the
+    standard library and Debian's chromium package, and no port opened.
+    """
 
     def __init__(self, executable: str | None = None, timeout: float = 60.0):
         self.executable = executable or find_chromium()

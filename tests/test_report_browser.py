@@ -1,10 +1,4 @@
-"""report.html in a real browser: a small real report (the tiny suite through the plugin and the
-renderer) loaded in headless Chromium, checked as a reader sees it and photographed; broken
-copies of the same page show that every check can fail.
-
-Skips where Chromium is absent, except under CI (CI=true), where that is a failure: .ci/run
-installs Debian's chromium.
-"""
+"""report.html in headless Chromium (skipped without it, failed without it under CI=true)."""
 
 from __future__ import annotations
 
@@ -70,8 +64,9 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_report_in_chromium(browser, page, tmp_path):
-    """No console error, nothing fetched, three plots decoded with pixels and shown, the verdict
-    banner and the failure section visible; a full-page screenshot."""
+    """The tiny suite's real report (tests/reports_fixtures, through the plugin and the
+    renderer): no console error, nothing fetched, three plots decoded with pixels and shown,
+    the verdict banner and the failure section visible; a full-page screenshot."""
     assert external_references(page.read_text()) == []
     result = browser.check(page, width=1280)
     assert result.problems(expect_failures=True) == []
