@@ -1,4 +1,4 @@
-"""Command line: python -m reports run | compare | merge | render."""
+"""Command line: python -m reports run | compare | merge | render | screenshot."""
 
 from __future__ import annotations
 
@@ -24,15 +24,19 @@ from reports.render import render, summary_line
 from reports.verdict import Verdict
 
 BASELINE_DIR = Path("reports/baseline")
+# The suites that take --impl (their adapter axis): what `run --impl NAME` gates by default.
+IMPL_SUITES = ("suites/test_attention.py", "suites/test_compile.py")
 
 EPILOG = """\
 examples:
   python -m reports run suites/                  run the suites (-n auto), render, gate
   python -m reports run -- -k bf16 -x            everything after -- goes to pytest
   python -m reports run --update-baseline        run and make this run the baseline
+  python -m reports run --impl transformer_engine gate an installed Transformer Engine
   python -m reports compare new.json reports/baseline/h100.json
   python -m reports merge s1.json s2.json s3.json -o merged.json
   python -m reports render reports/latest/report.json
+  python -m reports screenshot reports/baseline/h200.json -o docs/report_h200.png
 
 exit codes: 0 pass; 1 failing cases or regressions against the baseline;
             2 missing/corrupt baseline or unreadable report; other: pytest's own exit code.
@@ -86,7 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--baseline",
         metavar="PATH",
-        help="baseline report (default: reports/baseline/<machine class>.json)",
+        help="baseline report (default: reports/baseline/<machine class>.json, or "
+        "<machine class>.<NAME>.json with --impl NAME)",
+    )
+    run.add_argument(
+        "--impl",
+        action="append",
+        metavar="NAME",
+        help="gate this adapter (repeatable; suites/impls.py): passed to pytest, runs "
+        f"{' and '.join(IMPL_SUITES)} unless pytest paths are given, and compares with the "
+        "adapter's own baseline",
     )
     run.add_argument(
         "--machine-class",
@@ -151,6 +164,25 @@ def build_parser() -> argparse.ArgumentParser:
     rnd.add_argument("report", metavar="REPORT", help="a report.json")
     rnd.add_argument("--out", metavar="DIR", help="output directory (default: the report's)")
     rnd.set_defaults(func=cmd_render)
+
+    shot = sub.add_parser(
+        "screenshot",
+        allow_abbrev=False,
+        help="render report.html, check it in headless Chromium, save a screenshot",
+        description="Render a report.json as report.html, load it in headless Chromium (Debian's "
+        "chromium package, or $TE_CHROMIUM), check what a reader sees (no console errors, every "
+        "plot decoded, the verdict banner and any failure section visible, nothing fetched from "
+        "outside the file) and write a PNG screenshot. Exit 1 when a check fails, 2 without "
+        "Chromium.",
+    )
+    shot.add_argument("report", metavar="REPORT", help="a report.json")
+    shot.add_argument("-o", "--output", required=True, metavar="PNG", help="the screenshot")
+    shot.add_argument("--width", type=int, default=1280, help="viewport width (default 1280)")
+    shot.add_argument("--height", type=int, default=1600, help="viewport height (default 1600)")
+    shot.add_argument(
+        "--full-page", action="store_true", help="the whole page, not the first viewport"
+    )
+    shot.set_defaults(func=cmd_screenshot)
     return parser
 
 
@@ -206,12 +238,23 @@ def _compare_with_baseline(
     return compare(report, base, args.ratio_factor, args.min_ratio), None
 
 
+def _paths_given(args: list[str]) -> bool:
+    """Whether the pytest arguments name a test file or directory (pytest's own selection)."""
+    return any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in args)
+
+
 def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     """Run pytest with the plugin, render, compare with the baseline, print the verdict."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = args.machine_class or env.machine_class()
-    baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{machine}.json"
+    impls = args.impl or []
+    # another adapter's run has other cases: it is compared with its own baseline
+    name = ".".join([machine, *impls])
+    baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{name}.json"
+    if impls:
+        suites = [] if _paths_given(pytest_args) else list(IMPL_SUITES)
+        pytest_args = [*(a for n in impls for a in ("--impl", n)), *pytest_args, *suites]
     report_path, junit = out / "report.json", out / "junit.xml"
     report_path.unlink(missing_ok=True)  # a stale report must not stand in for this run's
 
@@ -302,6 +345,36 @@ def cmd_render(args: argparse.Namespace, _: list[str]) -> int:
     report = load_report(args.report)
     md, page = render(report, args.out or Path(args.report).parent)
     print(f"{md}\n{page}")
+    return 0
+
+
+def cmd_screenshot(args: argparse.Namespace, _: list[str]) -> int:
+    """Render, check in Chromium, write the screenshot."""
+    import tempfile
+
+    from reports.browser import BrowserError, check_page, tag_png
+
+    report = load_report(args.report)
+    with tempfile.TemporaryDirectory(prefix="te-report-") as tmp:
+        _, page = render(report, tmp)
+        try:
+            result = check_page(page, width=args.width, height=args.height,
+                                full_page=args.full_page)  # fmt: skip
+        except BrowserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    problems = result.problems(expect_failures=bool(failures(report)))
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    if problems:
+        print(f"{args.report}: the page has {len(problems)} problem(s); no screenshot written")
+        return 1
+    # the PNG says which report it shows (tests/test_report_browser.py checks the README's)
+    info = {"report": args.report, "summary": summary_line(report),
+            "date_utc": report["environment"].get("date_utc")}  # fmt: skip
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_bytes(tag_png(result.screenshot, info))
+    print(f"{args.output}: {summary_line(report)}")
     return 0
 
 

@@ -1,8 +1,9 @@
 """Implementation adapters: what each one supports (as data) and how to call it.
 
-Add an implementation by subclassing Adapter, declaring what it supports and which CAPABILITIES
-it has, and listing it in ADAPTERS; the suites generate their parametrization from these
-declarations and skip the rest with the reasons `not_supported_reasons` and `lacks` give.
+Add an implementation by subclassing Adapter (suites/adapter.py), declaring what it supports and
+which CAPABILITIES it has, and listing it in ADAPTERS; the suites generate their parametrization
+from these declarations and skip the rest with the reasons `not_supported_reasons` and `lacks`
+give.
 `--impl NAME` selects adapters.
 """
 
@@ -11,86 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from suites.adapter import CAPABILITIES, Adapter  # noqa: F401  (re-exported)
 from suites.cases import AttnCase
-from te_ref.layouts import ATTN_MASK_TYPES, LAYOUTS
-
-# What an implementation can do beyond computing a case (each a flag on Adapter). A test that
-# needs one runs through every selected adapter and skips, with the adapter's reason, where the
-# flag is False.
-CAPABILITIES = {
-    "dropout": "attention dropout in training mode, SPEC §2.6",
-    "validates_arguments": "TE's argument checks, a ValueError naming the problem",
-    "capturable": "CUDA-graph capture: torch.compile mode='reduce-overhead', cudagraphs backend",
-    "sync_free": "no host synchronisation in the non-FP8 forward and backward, SPEC §3",
-}
-
-
-class Adapter:
-    """One implementation under test."""
-
-    name = "?"
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
-    layouts: tuple[str, ...] = tuple(LAYOUTS)
-    mask_types: tuple[str, ...] = ATTN_MASK_TYPES
-    bias_types: tuple[str, ...] = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
-    softmax_types: tuple[str, ...] = ("vanilla", "off-by-one", "learnable")
-    supports_fp8 = False
-    supports_max_logit = True
-    supports_window = True
-    dropout = False
-    validates_arguments = False
-    capturable = False
-    sync_free = False
-    why_not: dict[str, str] = {}  # capability -> why this adapter lacks it (the skip reason)
-    default = True  # selected when no --impl is given
-
-    def lacks(self, capability: str) -> str | None:
-        """Why the adapter cannot run a test that needs ``capability`` (None when it can)."""
-        if capability not in CAPABILITIES:
-            raise ValueError(f"unknown capability {capability!r}; known: {sorted(CAPABILITIES)}")
-        if getattr(self, capability):
-            return None
-        why = self.why_not.get(capability, "not declared by the adapter")
-        return f"{self.name} lacks {capability} ({CAPABILITIES[capability]}): {why}"
-
-    def not_supported_reasons(self, case: AttnCase) -> list[str]:
-        """Why this adapter cannot run the case (empty when it can)."""
-        reasons = []
-        for what, value, allowed in (
-            ("device", case.device, self.devices),
-            ("dtype", case.dtype, self.dtypes),
-            ("layout", case.layout, self.layouts),
-            ("mask type", case.mask_type, self.mask_types),
-            ("bias type", case.bias_type, self.bias_types),
-            ("softmax type", case.softmax_type, self.softmax_types),
-        ):
-            if value not in allowed:
-                reasons.append(f"{self.name} does not support {what} {value!r}")
-        if case.return_max_logit and not self.supports_max_logit:
-            reasons.append(f"{self.name} does not return max_logit")
-        if case.window is not None and not self.supports_window:
-            reasons.append(f"{self.name} has no sliding window")
-        return reasons
-
-    def unavailable_reason(self, device: str) -> str | None:
-        """Why the adapter cannot run on this machine right now (checked at run time)."""
-        return None
-
-    def build(self, case: AttnCase, scale: float, dropout: float = 0.0) -> torch.nn.Module:
-        """A module computing the case's attention (what the compile suite compiles); ``dropout``
-        is the attention dropout probability in training mode (adapters with ``dropout`` only)."""
-        raise NotImplementedError
-
-    def call(self, module, case: AttnCase, q, k, v, kwargs: dict):
-        """(out, max_logit or None, {leaf name: tensor that stands in for that leaf})."""
-        result = module(q, k, v, **kwargs)
-        out, max_logit = result if case.return_max_logit else (result, None)
-        return out, max_logit, {}
-
-    def run(self, case: AttnCase, q, k, v, kwargs: dict, scale: float):
-        """One eager call on a fresh module."""
-        return self.call(self.build(case, scale), case, q, k, v, kwargs)
+from suites.te_adapter import TransformerEngine
 
 
 class TeFast(Adapter):
@@ -184,7 +108,7 @@ class _Sdpa(torch.nn.Module):
         return out.permute(0, 2, 1, 3).reshape(b, sq, h * dv)
 
 
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (TeFast(), TorchSdpa())}
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (TeFast(), TorchSdpa(), TransformerEngine())}
 
 
 def selected(config, pool: dict[str, Adapter] | None = None) -> list[Adapter]:

@@ -11,7 +11,7 @@ from reports.__main__ import main
 from reports.compare import compare, format_comparison
 from reports.merge import merge_reports
 from reports.model import ReportError, build_report, load_report, worst_ratio, write_report
-from reports.render import render, render_html, render_markdown
+from reports.render import render, render_html, render_markdown, summary_line
 
 
 def case(nodeid, outcome="passed", ratio=0.1, **fields):
@@ -307,3 +307,50 @@ def test_render_empty_and_cli(tmp_path, capsys):
     assert main(["render", empty]) == 0
     assert "no cases" in (tmp_path / "report.md").read_text()
     assert "report.html" in capsys.readouterr().out
+
+
+def test_headline_worst_ratio_of_a_gpu_run_comes_from_the_gpu_cases():
+    """A GPU run runs the CPU cases too; its headline must not quote a worse CPU ratio."""
+    cases = [
+        case("t.py::test_a[cpu]", ratio=0.9, device="cpu"),
+        case("t.py::test_a[cuda]", ratio=0.4, device="cuda"),
+        case("t.py::test_b[cuda]", ratio=0.6, device="cuda"),
+        case("t.py::test_c", ratio=0.95),  # no device recorded: not a GPU case
+        case("t.py::test_d[cuda]", "skipped", ratio=None, device="cuda"),
+    ]
+    gpu_run = summary_line(report(*cases))
+    assert "worst GPU ratio 0.6 (test_b[cuda], out)" in gpu_run, gpu_run
+    for text in (render_markdown(report(*cases)), render_html(report(*cases))):
+        assert "worst GPU ratio 0.6 (test_b[cuda], out)" in text
+    # without a rated GPU case (a CPU run, or every GPU case skipped) all cases count
+    cpu_run = summary_line(report(*[c for c in cases if "cuda" not in c["nodeid"]], cases[-1]))
+    assert "worst ratio 0.95 (test_c, out)" in cpu_run, cpu_run
+
+
+def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, monkeypatch, capsys):
+    """`run --impl NAME`: pytest gets --impl NAME and the adapter suites (unless paths are
+    given); the baseline is <class>.<NAME>.json, never the default adapter's."""
+    import reports.__main__ as cli
+
+    commands = []
+
+    def fake_pytest(cmd):
+        commands.append(cmd)
+        out = cmd[cmd.index("--te-report") + 1]
+        write_report(report(case("suites/test_attention.py::t[x-transformer_engine]")), out)
+        return 0
+
+    monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
+    monkeypatch.chdir(cli.Path(__file__).resolve().parents[1])  # the repository: suites/ exists
+    out = str(tmp_path / "out")
+    args = ["run", "--out", out, "--machine-class", "h200", "--impl", "transformer_engine"]
+    assert main([*args, "-n", "2"]) == 2  # no such baseline: a clear exit 2, not "missing cases"
+    text = capsys.readouterr().out
+    assert "no baseline at reports/baseline/h200.transformer_engine.json" in text, text
+    assert commands[0][-6:] == ["--impl", "transformer_engine", "-n", "2",
+                                "suites/test_attention.py", "suites/test_compile.py"]  # fmt: skip
+    main([*args, "--", "suites/test_attention.py::test_core", "-x"])
+    assert commands[1][-4:] == ["--impl", "transformer_engine",
+                                "suites/test_attention.py::test_core", "-x"]  # fmt: skip
+    main(["run", "--out", out, "--machine-class", "h200", "--no-compare"])
+    assert "--impl" not in commands[2] and "suites/test_compile.py" not in commands[2]
