@@ -40,3 +40,137 @@ def reads_item(x: torch.Tensor) -> torch.Tensor:
 @reads_item.register_fake
 def _(x):
     return torch.empty_like(x)
+
+
+# ----------------------------------------------------------------------------- broken stand-ins
+# Called as impl(op name, *args) in place of torch.ops.te_fast.<name>.default (the fuzz checks'
+# `impl` argument); each breaks one contract and otherwise returns the right values.
+
+
+def _real(name, *args):
+    return getattr(torch.ops.te_fast, name).default(*args)
+
+
+def convert_no_copy(name, *args):
+    """A "no-copy fast path": a conversion with nothing to pad or drop (every sequence full, no
+    token past cu_seqlens[-1]) returns a view of its input: an output that aliases an input."""
+    data, cu = args[0], args[1]
+    if name == "convert_thd_to_bshd":
+        b, s = args[2], args[3]
+        if s > 0 and data.shape[0] == b * s and cu.tolist() == list(range(0, b * s + 1, s)):
+            return data.unflatten(0, (b, s))
+    elif name == "convert_bshd_to_thd":
+        b, s = data.shape[0], data.shape[1]
+        if s > 0 and args[2] == b * s and cu.tolist() == list(range(0, b * s + 1, s)):
+            return data.flatten(0, 1)  # a view where the strides allow it
+    return _real(name, *args)
+
+
+def masks_in_place(name, *args):
+    """The masked forward writes -inf into x's masked positions (in place) before the softmax."""
+    out = _real(name, *args)
+    if name == "scaled_masked_softmax_fwd":
+        x, mask = args[0], args[1]
+        try:
+            x.detach().masked_fill_(mask, float("-inf"))
+        except RuntimeError:  # an expanded x cannot be written in place
+            pass
+    return out
+
+
+def subtracts_in_dy(name, *args):
+    """The backward forms dy - sum(dy * y) in dy's own storage."""
+    out = _real(name, *args)
+    if name.endswith("_bwd"):
+        dy, y = args[0], args[1]
+        dot = (dy.float() * y.float()).sum(-1, keepdim=True).to(dy.dtype)
+        try:
+            dy.detach().sub_(dot)
+        except RuntimeError:  # an expanded dy cannot be written in place
+            pass
+    return out
+
+
+def keeps_input_strides(name, *args):
+    """Allocates the output like its first input (torch.empty_like keeps a transposed layout),
+    while the registered fake says contiguous."""
+    out = _real(name, *args)
+    if not name.startswith("scaled_"):
+        return out
+    like = torch.empty_like(args[0])
+    like.copy_(out)
+    return like
+
+
+def uniform_masked_rows(name, *args):
+    """A fully masked row comes out uniform (1/sk), not 0."""
+    out = _real(name, *args)
+    if name == "scaled_masked_softmax_fwd" and out.shape[-1]:
+        dead = args[1].all(dim=-1, keepdim=True).expand_as(out)
+        out = out.masked_fill(dead, 1.0 / out.shape[-1])
+    return out
+
+
+# ----------------------------------------------------------------------------- broken modules
+
+
+def _broken_adapters():
+    """Adapters (suites/impls.py) around te_fast's module, each breaking one module contract."""
+    from suites import impls
+    from te_fast import UnfusedDotProductAttention
+
+    class PrescalesQuery(UnfusedDotProductAttention):
+        """Applies the softmax scale to the caller's query tensor, in place."""
+
+        def forward(self, query_layer, key_layer, value_layer, **kwargs):
+            query_layer.detach().mul_(2.0)
+            scale, self.softmax_scale = self.softmax_scale, self.softmax_scale / 2.0
+            try:
+                return super().forward(query_layer, key_layer, value_layer, **kwargs)
+            finally:
+                self.softmax_scale = scale
+
+    class SingleKeyIsValue(UnfusedDotProductAttention):
+        """A "fast path": one query, one key, nothing masked, plain softmax: the output is v,
+        returned as a view of the caller's value tensor."""
+
+        def forward(self, query_layer, key_layer, value_layer, **kwargs):
+            plain = all(
+                kwargs.get(name) in (None, default)
+                for name, default in (("attn_mask_type", "no_mask"), ("window_size", None),
+                                      ("core_attention_bias_type", "no_bias"))
+            )  # fmt: skip
+            b, sq, h, _ = query_layer.shape
+            if (
+                plain and kwargs.get("qkv_layout", "").startswith("bs")
+                and sq == 1 and key_layer.shape[1] == 1 and key_layer.shape[2] == h
+                and self.softmax_type == "vanilla" and not self.return_max_logit
+            ):  # fmt: skip
+                return value_layer.reshape(b, 1, -1)
+            return super().forward(query_layer, key_layer, value_layer, **kwargs)
+
+    def adapter(name, module_cls):
+        class Broken(impls.TeFast):
+            def build(self, case, scale, dropout=0.0):
+                module = super().build(case, scale, dropout)
+                module.__class__ = module_cls
+                return module
+
+        Broken.name = name
+        return Broken()
+
+    return {
+        "selftest.mutates_query": adapter("selftest.mutates_query", PrescalesQuery),
+        "selftest.aliases_value": adapter("selftest.aliases_value", SingleKeyIsValue),
+    }
+
+
+class _LazyAdapters(dict):
+    """Built on first use: importing te_fast here at import time is not needed elsewhere."""
+
+    def __missing__(self, key):
+        self.update(_broken_adapters())
+        return dict.__getitem__(self, key)
+
+
+BROKEN_ADAPTERS = _LazyAdapters()
