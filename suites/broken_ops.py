@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -159,9 +161,31 @@ def _broken_adapters():
         Broken.name = name
         return Broken()
 
+    class JitteryOutput(UnfusedDotProductAttention):
+        """One output element, picked by the global RNG, one ulp off (varies run to run)."""
+
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            return _bump(out, int(torch.randint(out.numel(), ()))) if out.numel() else out
+
+    class UnseededDropout(UnfusedDotProductAttention):
+        """Dropout from a private generator seeded from the OS: torch.manual_seed has no effect."""
+
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            if not (self.training and self.attention_dropout):
+                return out
+            gen = torch.Generator(device=out.device).manual_seed(
+                int.from_bytes(os.urandom(4), "little")
+            )
+            keep = torch.rand(out.shape, generator=gen, device=out.device) >= self.attention_dropout
+            return out * keep
+
     return {
         "selftest.mutates_query": adapter("selftest.mutates_query", PrescalesQuery),
         "selftest.aliases_value": adapter("selftest.aliases_value", SingleKeyIsValue),
+        "selftest.jittery_output": adapter("selftest.jittery_output", JitteryOutput),
+        "selftest.unseeded_dropout": adapter("selftest.unseeded_dropout", UnseededDropout),
     }
 
 
@@ -174,3 +198,39 @@ class _LazyAdapters(dict):
 
 
 BROKEN_ADAPTERS = _LazyAdapters()
+
+
+# ----------------------------------------------------------------------------- nondeterminism
+
+
+def _bump(t: torch.Tensor, index: int) -> torch.Tensor:
+    """t with element ``index`` (flat) moved one ulp up, through an exact (differentiable) add."""
+    flat = t.detach().reshape(-1)
+    value = flat[index : index + 1]
+    delta = torch.zeros_like(flat)
+    delta[index : index + 1] = (
+        torch.nextafter(value.float(), torch.tensor(float("inf"))).to(t.dtype) - value
+    )
+    return t + delta.view_as(t)
+
+
+def jittery(name, *args):
+    """Like an atomics-based reduction whose order varies: one element of the output, picked by
+    the global RNG (a different one each call), is one ulp off."""
+    out = _real(name, *args)
+    if out.numel() == 0:
+        return out
+    return _bump(out, int(torch.randint(out.numel(), ())))
+
+
+def batch_variant(name, *args):
+    """Splits each row's sum into more pieces when the batch holds more than one element, as a
+    grid-size-dependent split reduction does (fp32 rounding then depends on the batch)."""
+    if name != "scaled_softmax_fwd":
+        return _real(name, *args)
+    x, scale = args
+    s = x.double().float() * scale
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    pieces = 1 if x.shape[0] == 1 else 7
+    total = sum(chunk.sum(-1, keepdim=True) for chunk in e.chunk(pieces, -1))
+    return (e / total).to(x.dtype)

@@ -221,3 +221,55 @@ def test_fuzz_catches_broken_module(adapter_name, match):
         fc.check_module_example, fs.module_examples("bshd", "cpu"), match, examples=40,
         adapter=adapter,
     )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def test_determinism_catches_jitter():
+    """An op whose output varies by one ulp from call to call fails the 10-run check."""
+    _record("jittery", "cpu")
+    devices.require("cpu")
+    from suites import invariance
+
+    with pytest.raises(AssertionError, match=r"run \d+ vs run 0: \d+ bytes differ"):
+        invariance.check_determinism("scaled_softmax", "fp32", "cpu", 100, impl=broken_ops.jittery)
+
+
+@pytest.mark.parametrize("sk", [32, 1000])
+def test_batch_invariance_catches_batch_variant(sk):
+    """A softmax whose row sums depend on the batch size fails the batch-invariance check."""
+    _record(f"batch_variant_sk{sk}", "cpu")
+    devices.require("cpu")
+    from suites import invariance
+
+    with pytest.raises(AssertionError, match="bytes differ"):
+        invariance.check_batch_invariance(
+            "scaled_softmax", "fp32", "cpu", sk, impl=broken_ops.batch_variant
+        )
+
+
+def test_module_determinism_catches_jitter():
+    _record("jittery_module", "cpu")
+    device = devices.require("cpu")
+    from suites import invariance
+    from suites.cases import AttnCase
+
+    case = AttnCase("bshd_bshd_bshd", "fp32", "causal", device="cpu", b=2, sq=9, skv=9, h=2,
+                    hg=2, d=8, dv=8)  # fmt: skip
+    adapter = broken_ops.BROKEN_ADAPTERS["selftest.jittery_output"]
+    with pytest.raises(AssertionError, match="out: .*bytes differ"):
+        invariance.check_module_determinism(case, device, adapter=adapter)
+
+
+def test_dropout_seed_check_catches_unseeded_dropout():
+    _record("unseeded_dropout", "cpu")
+    device = devices.require("cpu")
+    from suites import invariance
+    from suites.cases import AttnCase
+
+    case = AttnCase("bshd_bshd_bshd", "fp32", "causal", device="cpu", b=2, sq=9, skv=9, h=2,
+                    hg=2, d=8, dv=8)  # fmt: skip
+    adapter = broken_ops.BROKEN_ADAPTERS["selftest.unseeded_dropout"]
+    with pytest.raises(AssertionError, match="seed 1234, run 1 vs run 0: out"):
+        invariance.check_dropout_seeded(case, device, adapter=adapter)
