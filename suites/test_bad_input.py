@@ -167,20 +167,23 @@ def test_module_bad_cu_seqlens_on_cuda(monkeypatch):
     _record("module_bad_cu_seqlens", "cuda")
     device = devices.require("cuda")
 
-    def call(dev):
+    def inputs(dev):
         t = torch.randn(8, 2, 16, generator=torch.Generator().manual_seed(0)).to(dev)
-        cu = torch.tensor([0, 5, 3, 8], dtype=torch.int32, device=dev)
+        return t, torch.tensor([0, 5, 3, 8], dtype=torch.int32, device=dev)
+
+    def call(t, cu):
         attn = te_fast.UnfusedDotProductAttention(0.25)
         return attn(t, t, t, qkv_layout="thd_thd_thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                     max_seqlen_q=5, max_seqlen_kv=5, attn_mask_type="padding_causal")  # fmt: skip
 
-    cpu_message = _message(lambda: call("cpu"))
+    cpu_message = _message(lambda: call(*inputs("cpu")))
     assert "te_fast: convert_thd_to_bshd expects non-decreasing cu_seqlens" in cpu_message
+    cuda_inputs = inputs(device)  # built outside the sync check (a host-to-device copy syncs)
     monkeypatch.setenv("TE_FAST_DEBUG_CHECKS", "1")
-    assert _message(lambda: call(device)) == cpu_message
+    assert _message(lambda: call(*cuda_inputs)) == cpu_message
     monkeypatch.delenv("TE_FAST_DEBUG_CHECKS")
     outs = []
-    contracts.assert_no_host_sync(lambda: outs.append(call(device)))
+    contracts.assert_no_host_sync(lambda: outs.append(call(*cuda_inputs)))
     assert torch.isnan(outs[0]).any(), "bad cu_seqlens_q must be visible in the output (NaN)"
 
 
