@@ -16,8 +16,9 @@ from suites import devices
 pytest.importorskip(
     "hypothesis",
     reason="hypothesis is not installed (pip install -e '.[test]'; on a machine without a "
-    "registry carry its wheels: python -m pip download hypothesis sortedcontainers --no-deps "
-    "-d .whl, which tools/gpu_run.sh installs)",
+    "registry carry its wheels for that machine's Python, e.g. python -m pip download hypothesis "
+    "sortedcontainers --no-deps --only-binary=:all: --python-version 3.12 --platform "
+    "manylinux2014_x86_64 -d .whl, which tools/gpu_run.sh installs)",
 )
 
 from suites import fuzz_checks as fc  # noqa: E402
