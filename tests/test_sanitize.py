@@ -163,7 +163,12 @@ def test_summary_attributes_findings_to_kernels():
 def test_summary_without_a_summary_line_fails():
     ok, line = sanitize_summary.summarize("memcheck", "", "Traceback ...\nRuntimeError: boom", 1)
     assert not ok and line.startswith("memcheck: no sanitizer summary (exit 1)") and "boom" in line
-    ok, line = sanitize_summary.summarize("memcheck", "ERROR SUMMARY: 0 errors", "", 124, 330)
-    assert not ok and line.startswith("memcheck: TIMEOUT after 330"), line
+    out = (
+        "sanitize_ops: softmax torch.float32: 0 op calls, 3 s\n"
+        "sanitize_ops: conversions: 1398 op calls, 250 s\n"
+    )
+    ok, line = sanitize_summary.summarize("memcheck", "", out, 124, 360)
+    assert not ok and line.startswith("memcheck: TIMEOUT after 360"), line
+    assert "last: conversions: 1398 op calls, 250 s" in line, line
     ok, line = sanitize_summary.summarize("memcheck", "ERROR SUMMARY: 0 errors", "", 0)
     assert not ok and "driver did not finish" in line, line

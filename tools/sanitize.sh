@@ -5,7 +5,7 @@
 # that did not finish, or a driver that failed.
 #   tools/sanitize.sh OUTDIR
 # Environment (defaults): PYTHON (python3), SANITIZER (compute-sanitizer), SANITIZE_TOOLS
-# ("memcheck racecheck initcheck synccheck"), SANITIZE_TIMEOUT (330 s per tool), SANITIZE_JOBS
+# ("memcheck racecheck initcheck synccheck"), SANITIZE_TIMEOUT (360 s per tool), SANITIZE_JOBS
 # (4: tools at once), SANITIZE_TE_FAST_ONLY (0; 1: every tool checks te_fast's kernels only;
 # racecheck always does, and runs the driver's --reduced list: it is ~100x slower),
 # SANITIZE_DEVICE (cuda), SANITIZE_DRIVER_ARGS (more driver arguments).
@@ -16,7 +16,7 @@ mkdir -p "$OUTDIR"
 PY=${PYTHON:-python3}
 SANITIZER=${SANITIZER:-compute-sanitizer}
 TOOLS=${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
-TIMEOUT=${SANITIZE_TIMEOUT:-330}
+TIMEOUT=${SANITIZE_TIMEOUT:-360}
 JOBS=${SANITIZE_JOBS:-4}
 DEVICE=${SANITIZE_DEVICE:-cuda}
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # every tensor its own allocation: overruns are visible

@@ -48,7 +48,7 @@ REDUCED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Counter:
-    """Op calls made, and the time they took."""
+    """Op calls made, and the time they took; progress lines for a run that may be cut short."""
 
     def __init__(self):
         self.calls = 0
@@ -57,10 +57,15 @@ class Counter:
     def __call__(self, n: int = 1) -> None:
         self.calls += n
 
+    def progress(self, what: str) -> None:
+        print(f"sanitize_ops: {what}: {self.calls} op calls, {time.time() - self.start:.0f} s",
+              flush=True)  # fmt: skip
+
 
 def softmax_cases(dev: torch.device, reduced: bool, count: Counter) -> None:
     """Every softmax op, forward and backward, on every row length and dtype of the list."""
     for dtype in REDUCED_DTYPES if reduced else DTYPES:
+        count.progress(f"softmax {dtype}")
         for sk in REDUCED_COLS if reduced else COLS:
             long_row = sk > 16384
             for sq in (1,) if long_row else (1, 3):
@@ -191,12 +196,13 @@ def main(argv=None) -> int:
     dev = torch.device(args.device)
     count = Counter()
     softmax_cases(dev, args.reduced, count)
-    print(f"sanitize_ops: softmax: {count.calls} op calls", flush=True)
+    count.progress("conversions")
     convert_cases(dev, args.reduced, count)
     summary = f"{count.calls} op calls"
     if args.module:
         import sanitize_module
 
+        count.progress("module")
         n = sanitize_module.run(dev, args.reduced)
         summary += f", {n} module calls (forward and backward)"
     if dev.type == "cuda":

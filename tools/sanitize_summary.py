@@ -38,7 +38,9 @@ def summarize(tool: str, log: str, out: str, rc: int | None, timeout: float | No
     done = DONE.search(out)
     what = done.group(1) if done else "driver did not finish"
     if rc in TIMEOUT_CODES:
-        return False, f"{tool}: TIMEOUT after {timeout or '?'} s ({what})"
+        reached = [line for line in out.splitlines() if line.startswith("sanitize_ops: ")]
+        where = f"; last: {reached[-1].removeprefix('sanitize_ops: ')}" if reached else ""
+        return False, f"{tool}: TIMEOUT after {timeout or '?'} s ({what}{where})"
     if errors is None:
         tail = " | ".join(line.strip() for line in (out or log).strip().splitlines()[-3:])
         return False, f"{tool}: no sanitizer summary (exit {rc}): {tail[-300:]}"
