@@ -51,7 +51,7 @@ LAYOUTS = ("contiguous", "offset1", "offset3", "offset8", "strided", "transposed
 
 
 def place(t: torch.Tensor, layout: str, gen: torch.Generator) -> torch.Tensor:
-    """t's values (for "expanded": its first slice of dim 1, repeated) in the given layout."""
+    """t's values (for "expanded": its first slice along one dim, repeated) in ``layout``."""
     if layout == "contiguous":
         return t.clone()
     if layout.startswith("offset"):
@@ -319,12 +319,12 @@ def _softmax_draw(ex: SoftmaxExample, dev, impl: OpImpl, checked: bool = False) 
     if torch.equal(y_vals, y) and torch.equal(dy_vals, dy):
         compared.append(("dx", dx, refs[torch.float64][1], refs[dtype][1], K_BACKWARD))
     else:  # expanded dy/y hold other values than the forward's: the formula on them
-        ref64, lp = _softmax_bwd_refs(dy_vals, y_vals, ex.scale, dtype)
+        ref64, lp = softmax_bwd_refs(dy_vals, y_vals, ex.scale, dtype)
         compared.append(("dx", dx, ref64, lp, K_BACKWARD))
     return compared
 
 
-def _softmax_bwd_refs(dy, y, scale, dtype):
+def softmax_bwd_refs(dy, y, scale, dtype):
     """scale * y * (dy - sum(dy * y)) from the given dy and y: in float64, and as the
     same-precision composite (torch's softmax backward in dtype, then the scale)."""
     dy64, y64 = dy.double(), y.double()
