@@ -93,6 +93,19 @@ def subtracts_in_dy(name, *args):
     return out
 
 
+def dx_in_dy(name, *args):
+    """The backward writes dx over dy and returns dy: an output that aliases an input."""
+    out = _real(name, *args)
+    if name.endswith("_bwd"):
+        dy = args[0]
+        try:
+            dy.detach().copy_(out)
+        except RuntimeError:  # an expanded dy cannot be written in place
+            return out
+        return dy
+    return out
+
+
 def keeps_input_strides(name, *args):
     """Allocates the output like its first input (torch.empty_like keeps a transposed layout),
     while the registered fake says contiguous."""

@@ -73,15 +73,20 @@ def fuzz_settings(max_examples: int, shrink: bool = True) -> settings:
     )
 
 
-def fuzz(check, strategy, device: str, max_examples: int, shrink: bool = True, **extra) -> None:
-    """Run check(example, device, **extra) on drawn examples; the first failure is shrunk and
-    re-raised with hypothesis' "Falsifying example" and the example's reproducer in its notes."""
+def fuzz(
+    check, strategy, device: str, max_examples: int, shrink: bool = True, explicit=(), **extra
+) -> None:
+    """Run check(example, device, **extra) on the ``explicit`` examples, then on drawn ones; the
+    first failure is shrunk and re-raised with hypothesis' "Falsifying example" and the
+    example's reproducer in its notes."""
 
     @fuzz_settings(max_examples, shrink)
     @given(example=strategy)
     def run(example):
         check(example, device, **extra)
 
+    for ex in explicit:
+        run = hypothesis.example(example=ex)(run)
     run()
 
 
@@ -93,6 +98,7 @@ EDGE_LENGTHS = (0, 1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 40, 63, 64, 65, 127, 1
                 257, 500, 512, 1000, 1023, 1024, 1025, 2048, 4096, 4099)  # fmt: skip
 CUDA_LONG_LENGTHS = (8192, 16384, 16385, 20000, 33000, 65536, 70000, 131072, 131080, 140000)
 SCALES = (0.7, 1.0, 0.125, 2.0, 1 / 3, -0.5, 0.0)
+SMALL_COUNTS = (1, 2, 3, 1, 2, 3, 0)  # batch sizes and row counts: 0 (empty) one time in seven
 MAGNITUDES = (1.0, 2.0, 30.0, 1e4)
 
 
@@ -105,13 +111,13 @@ def softmax_examples(draw, op: str, device: str):
     sk = draw(st.one_of(st.sampled_from(lengths), st.integers(1, 300)))
     budget = 1 << (20 if device == "cuda" else 15)  # elements of x, so examples stay quick
     rows_max = max(1, budget // max(sk, 1))
-    sq = draw(st.integers(0, max(0, min(7, rows_max))))
+    sq = min(draw(st.sampled_from(SMALL_COUNTS + (4, 5, 6, 7))), rows_max)
     if op == "scaled_upper_triang_masked_softmax":
-        ab = draw(st.integers(0, max(0, min(4, rows_max // max(sq, 1)))))
+        ab = min(draw(st.sampled_from(SMALL_COUNTS + (4,))), rows_max // max(sq, 1))
         shape = (ab, sq, sk)
     else:
-        b = draw(st.integers(0, max(0, min(3, rows_max // max(sq, 1)))))
-        h = draw(st.integers(1, max(1, min(3, rows_max // max(sq * b, 1)))))
+        b = min(draw(st.sampled_from(SMALL_COUNTS)), rows_max // max(sq, 1))
+        h = max(1, min(draw(st.integers(1, 3)), rows_max // max(sq * b, 1)))
         shape = (b, h, sq, sk)
     scale = draw(st.sampled_from(SCALES))
     masked = op == "scaled_masked_softmax"
@@ -137,6 +143,7 @@ def softmax_examples(draw, op: str, device: str):
 
 DATA_LAYOUTS = ("contiguous", "offset1", "offset3", "offset8", "strided", "transposed")
 CU_LAYOUTS = ("contiguous", "offset1", "offset3", "strided")
+SEQUENCES = (1, 2, 3, 4, 5, 1, 2, 3, 0)  # sequences per batch: none one time in nine
 
 
 @st.composite
@@ -148,14 +155,14 @@ def convert_examples(draw, direction: str):
     return ConvertExample(
         direction=direction,
         dtype=draw(st.sampled_from(CONVERT_DTYPES)),
-        lengths=tuple(draw(st.lists(st.integers(0, 7), max_size=5))),
+        lengths=tuple(draw(st.integers(0, 7)) for _ in range(draw(st.sampled_from(SEQUENCES)))),
         h=draw(st.integers(0, 3)),
         d=draw(st.integers(1, 9)),
         pad=draw(st.integers(0, 3)),
         trailing=draw(st.integers(0, 4)),
         data_layout=draw(st.sampled_from(DATA_LAYOUTS)),
         cu_layout=draw(st.sampled_from(CU_LAYOUTS)),
-        corruption=draw(st.one_of(st.none(), st.sampled_from(CORRUPTIONS[1:]))),
+        corruption=draw(st.sampled_from(CORRUPTIONS[1:])) if draw(st.booleans()) else None,
         where=draw(st.integers(0, 4)),
         amount=draw(st.integers(0, 3)),
         seed=draw(st.integers(0, 2**16)),
@@ -224,3 +231,83 @@ def module_examples(draw, family: str, device: str):
     )  # fmt: skip
     hypothesis.assume(case.invalid_reason() is None)
     return ModuleExample(case, seed=draw(st.integers(0, 2**16)))
+
+
+# ----------------------------------------------------------------------------- explicit examples
+# Run first, on every profile: each category the issue names, whatever the draws reach.
+
+
+def softmax_explicit(op: str) -> list[SoftmaxExample]:
+    """Batch 1 with one column, zero query rows, an empty batch, odd misaligned and transposed
+    rows, a long row with every layout change, a broadcast x at scale 0, all scores -inf, and
+    (masked op) a fully masked per-batch mask starting mid-vector."""
+    three = op == "scaled_upper_triang_masked_softmax"
+
+    def shape(b, h, sq, sk):
+        return (b * h, sq, sk) if three else (b, h, sq, sk)
+
+    ex = [
+        SoftmaxExample(op, "bf16", shape(1, 1, 1, 1), 0.7),
+        SoftmaxExample(op, "fp32", shape(1, 2, 0, 17), 0.7),
+        SoftmaxExample(op, "fp16", shape(0, 2, 3, 17), 0.7),
+        SoftmaxExample(op, "bf16", shape(2, 2, 3, 17), 0.7, x_layout="offset1",
+                       dy_layout="offset3", y_layout="strided", seed=1),
+        SoftmaxExample(op, "fp16", shape(1, 2, 3, 4099), 1.0, x_layout="transposed",
+                       dy_layout="expanded", y_layout="offset8", seed=2),
+        SoftmaxExample(op, "fp32", shape(2, 3, 2, 1025), 0.0, x_layout="expanded", seed=3),
+        SoftmaxExample(op, "bf16", shape(1, 1, 4, 33), 0.7, neg_inf=1.0, seed=4),
+    ]  # fmt: skip
+    if op == "scaled_masked_softmax":
+        ex.append(SoftmaxExample(op, "bf16", (3, 2, 5, 40), 0.7, mask_per_batch=True,
+                                 mask_density=1.0, mask_layout="offset1", seed=5))  # fmt: skip
+        ex.append(SoftmaxExample(op, "fp32", (2, 1, 3, 64), 2.0, mask_density=0.3, masked_row=2,
+                                 mask_layout="expanded", neg_inf=0.1, seed=6))  # fmt: skip
+    return ex
+
+
+def convert_explicit(direction: str) -> list[ConvertExample]:
+    """Every broken rule once (with an empty sequence and trailing tokens around it); one full
+    sequence; empty sequences with fp8 storage, misaligned data and strided cu_seqlens; no
+    sequence at all; rows of an odd byte count."""
+    ex = [
+        ConvertExample(direction, "fp32", (3, 0, 4), trailing=2, pad=1, corruption=c, where=1,
+                       amount=1, seed=i)
+        for i, c in enumerate(CORRUPTIONS[1:])
+    ]  # fmt: skip
+    ex += [
+        ConvertExample(direction, "bf16", (6,)),
+        ConvertExample(direction, "fp8e4m3", (0, 3, 0), trailing=3, data_layout="offset1",
+                       cu_layout="strided", seed=7),
+        ConvertExample(direction, "fp16", (), trailing=2),
+        ConvertExample(direction, "fp8e5m2", (2, 5), h=1, d=3, pad=2, data_layout="transposed"),
+    ]  # fmt: skip
+    return ex
+
+
+def module_explicit(family: str, device: str) -> list[ModuleExample]:
+    """A GQA call with padding (an empty sequence where ragged), one full-length sequence with
+    trailing tokens, and sink softmax with alibi and a window, on the family's first layout."""
+    layout = FAMILIES[family][-1]  # the unpacked one: GQA and MLA allowed
+    dtype = MODULE_DTYPES[device][0]
+    cache = 2 if family == "mixed" and layout.startswith("thd") else 0
+    base = dict(device=device, b=2, sq=5, skv=5, h=4, hg=2, d=8, dv=8, kv_cache_extra=cache)
+    return [
+        ModuleExample(AttnCase(layout, dtype, "padding_causal", varlen="zero_length", **base)),
+        ModuleExample(
+            AttnCase(layout, dtype, "causal_bottom_right", varlen="full", **dict(base, b=1)), seed=1
+        ),  # fmt: skip
+        ModuleExample(
+            AttnCase(
+                layout,
+                dtype,
+                "padding",
+                varlen="trailing",
+                softmax_type="learnable",
+                bias_type="alibi",
+                window=(2, 1),
+                return_max_logit=True,
+                **base,
+            ),
+            seed=2,
+        ),  # fmt: skip
+    ]

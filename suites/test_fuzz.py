@@ -41,7 +41,8 @@ def test_fuzz_softmax(op, device_name):
     """The forward op and its backward on drawn shapes, layouts, scales, masks and -inf."""
     n = _record(op, device_name, "softmax")
     devices.require(device_name)
-    fs.fuzz(fc.check_softmax_example, fs.softmax_examples(op, device_name), device_name, n)
+    fs.fuzz(fc.check_softmax_example, fs.softmax_examples(op, device_name), device_name, n,
+            explicit=fs.softmax_explicit(op))  # fmt: skip
 
 
 @pytest.mark.parametrize("device_name", DEVICES)
@@ -52,7 +53,8 @@ def test_fuzz_convert(direction, device_name, monkeypatch):
     n = _record(f"convert_{direction}", device_name, "convert")
     devices.require(device_name)
     monkeypatch.delenv("TE_FAST_DEBUG_CHECKS", raising=False)
-    fs.fuzz(fc.check_convert_example, fs.convert_examples(direction), device_name, n)
+    fs.fuzz(fc.check_convert_example, fs.convert_examples(direction), device_name, n,
+            explicit=fs.convert_explicit(direction))  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -62,7 +64,8 @@ def test_fuzz_convert_debug_checks(direction, monkeypatch):
     n = _record(f"convert_{direction}_debug", "cuda", "convert")
     devices.require("cuda")
     monkeypatch.setenv("TE_FAST_DEBUG_CHECKS", "1")
-    fs.fuzz(fc.check_convert_example, fs.convert_examples(direction), "cuda", n)
+    fs.fuzz(fc.check_convert_example, fs.convert_examples(direction), "cuda", n,
+            explicit=fs.convert_explicit(direction))  # fmt: skip
 
 
 @pytest.mark.parametrize("device_name", DEVICES)
@@ -72,4 +75,5 @@ def test_fuzz_module(family, device_name):
     windows, biases, softmax types, GQA groups and ragged lengths; no alias, inputs unchanged."""
     n = _record(f"module_{family}", device_name, "module")
     devices.require(device_name)
-    fs.fuzz(fc.check_module_example, fs.module_examples(family, device_name), device_name, n)
+    fs.fuzz(fc.check_module_example, fs.module_examples(family, device_name), device_name, n,
+            explicit=fs.module_explicit(family, device_name))  # fmt: skip
