@@ -125,6 +125,7 @@ struct CpuBackend {
     validate_cu_seqlens(p, c);
     const ConvertShape& s = p.s;
     const int64_t rb = s.row_bytes;
+    if (p.out.numel() == 0) return;  // validated; nothing to copy (dst may be null)
     const char* src = static_cast<const char*>(p.src.const_data_ptr());
     char* dst = static_cast<char*>(p.out.mutable_data_ptr());
     at::parallel_for(0, s.batch, 1, [&](int64_t begin, int64_t end) {

@@ -80,39 +80,43 @@ def run_impl(adapter: Adapter, module, case: AttnCase, inputs: AttnInputs, watch
     return out.detach().clone(), clone, {n: g.clone() for n, g in zip(names, grads)}
 
 
-def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> None:
-    """Output, every gradient and max_logit under the error-ratio rule; exact zeros where the
-    float64 reference has whole zero rows (padding, fully masked rows, trailing tokens)."""
+def compared_tensors(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> list[tuple]:
+    """(name, impl, ref64, ref_lp, k) of every tensor the error-ratio rule judges: the output,
+    dq/dk/dv, dbias and dsoftmax_offset where present, max_logit where asked for."""
     out, max_logit, grads = impl
     out64, ml64, grads64 = ref64
     out_lp, ml_lp, grads_lp = ref_lp
+    tensors = [("out", out, out64, out_lp, K_FORWARD)]
+    split = [inputs.views(g, case)[:3] for g in (grads, grads64, grads_lp)]
+    for i, name in enumerate(("dq", "dk", "dv")):
+        tensors.append((name, split[0][i], split[1][i], split[2][i], K_BACKWARD))
+    for leaf in ("bias", "offset"):
+        if leaf in grads:
+            name = GRAD_NAMES[leaf]
+            tensors.append((name, grads[leaf], grads64[leaf], grads_lp[leaf], K_BACKWARD))
+    if case.return_max_logit:
+        tensors.append(("max_logit", max_logit, ml64, ml_lp, K_FORWARD))
+    return tensors
+
+
+def structural_failures(case: AttnCase, inputs: AttnInputs, impl, ref64) -> list[str]:
+    """What must hold exactly, whatever the rounding: output dtype and shape, max_logit's shape
+    and dtype, exact zeros where the float64 reference has whole zero rows (padding, fully masked
+    rows, tokens past cu_seqlens[-1]), and no NaN."""
+    out, max_logit, grads = impl
+    out64 = ref64[0]
     dtype = DTYPES[case.dtype]
     assert out.dtype == dtype, f"output dtype {out.dtype}, expected {dtype}"
     assert out.shape == out64.shape, (
         f"output shape {tuple(out.shape)}, expected {tuple(out64.shape)}"
     )
-    failures: list[str] = []
-
-    def check(name, a, r, lp, k):
-        try:
-            check_ratio(name, a, r, lp, k, dtype)
-        except AssertionError as e:
-            failures.append(str(e))
-
-    check("out", out, out64, out_lp, K_FORWARD)
-    split = [inputs.views(g, case)[:3] for g in (grads, grads64, grads_lp)]
-    for i, name in enumerate(("dq", "dk", "dv")):
-        check(name, split[0][i], split[1][i], split[2][i], K_BACKWARD)
-    for leaf in ("bias", "offset"):
-        if leaf in grads:
-            check(GRAD_NAMES[leaf], grads[leaf], grads64[leaf], grads_lp[leaf], K_BACKWARD)
     if case.return_max_logit:
         assert max_logit is not None and max_logit.shape == (case.h,), "max_logit must be [h]"
         assert max_logit.dtype == torch.float32, f"max_logit dtype {max_logit.dtype}"
-        check("max_logit", max_logit, ml64, ml_lp, K_FORWARD)
-
+    failures: list[str] = []
     zero_rows = (out64 == 0).all(dim=-1)  # (sq, b) | (b, sq) | (t,): nothing to attend to
-    for name, t in (("out", out), ("dq", split[0][0].flatten(-2))):
+    dq = inputs.views(grads, case)[0]
+    for name, t in (("out", out), ("dq", dq.flatten(-2))):
         bad = int((t[zero_rows] != 0).any(dim=-1).sum()) if zero_rows.any() else 0
         if bad:
             failures.append(
@@ -122,6 +126,21 @@ def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> None:
     for name, t in [("out", out), *[(GRAD_NAMES.get(n, f"d{n}"), g) for n, g in grads.items()]]:
         if torch.isnan(t).any():
             failures.append(f"{name} has NaN")
+    return failures
+
+
+def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> None:
+    """Output, every gradient and max_logit under the error-ratio rule; exact zeros where the
+    float64 reference has whole zero rows (padding, fully masked rows, trailing tokens)."""
+    dtype = DTYPES[case.dtype]
+    structure = structural_failures(case, inputs, impl, ref64)  # asserts dtype and shapes first
+    failures: list[str] = []
+    for name, a, r, lp, k in compared_tensors(case, inputs, impl, ref64, ref_lp):
+        try:
+            check_ratio(name, a, r, lp, k, dtype)
+        except AssertionError as e:
+            failures.append(str(e))
+    failures += structure
     if failures:
         raise AssertionError("\n".join(failures))
 

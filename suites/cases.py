@@ -406,7 +406,8 @@ def _call_kwargs(case: AttnCase, lq, lkv, device, rng: torch.Generator) -> dict:
     if case.mask_type == "arbitrary":
         shape = (case.b, case.h, case.sq, skv_buf)
         mask = torch.rand(shape, generator=rng).to(device) < 0.3
-        mask[:, :, 1] = True  # fully masked rows must come out as 0
+        if case.sq > 1:
+            mask[:, :, 1] = True  # fully masked rows must come out as 0
         kwargs["attention_mask"] = mask
     if case.window is not None:
         kwargs["window_size"] = case.window

@@ -101,3 +101,154 @@ def contract_args(op: str, dtype: torch.dtype, device, requires_grad: bool = Tru
 
 def call(op: str, args: tuple) -> torch.Tensor:
     return getattr(torch.ops.te_fast, op).default(*args)
+
+
+# ----------------------------------------------------------------------------- bad arguments
+
+# name -> (cu_seqlens, batch, max_seqlen, tokens, message): the value rules of cu_seqlens, which
+# the CPU checks always and CUDA under TE_FAST_DEBUG_CHECKS=1 (else the kernels poison with NaN)
+BAD_CU_SEQLENS = {
+    "non_monotone": ([0, 5, 3, 8], 3, 8, 8, "non-decreasing"),
+    "negative": ([0, -2, 4], 2, 8, 6, "non-decreasing"),
+    "longer_than_max_seqlen": ([0, 2, 9], 2, 4, 9, "max_seqlen"),
+    "past_the_tokens": ([0, 3, 12], 2, 9, 10, "past"),
+    "nonzero_start": ([1, 3, 5], 2, 4, 5, r"cu_seqlens\[0\] == 0"),
+    "negative_start": ([-1, 3, 5], 2, 4, 5, r"cu_seqlens\[0\] == 0"),
+}
+
+
+def bad_op_calls(device):
+    """case -> (call, expected message): each call breaks exactly one argument rule of the ops
+    (shapes, ranks, dtypes, arguments out of range, lengths that the arguments cannot hold)."""
+    x4 = torch.randn(2, 3, 5, 7, device=device)
+    y4 = torch.softmax(x4, -1)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    thd = torch.randn(5, 2, 3, device=device)
+    bshd = torch.randn(2, 3, 2, 3, device=device)
+
+    def mask(*shape, dtype=torch.bool):
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    shape4 = r"\[b, h, sq, sk\]"
+    mask_shape = r"mask of shape \[1\|b, 1, sq, sk\]"
+    f16_32 = "float16, bfloat16 or float32"
+    return {
+        "rank": (
+            lambda: fast.scaled_softmax(x4[0], 1.0),
+            f"scaled_softmax_fwd expects x of shape {shape4}",
+        ),
+        "dtype": (lambda: fast.scaled_softmax(x4.double(), 1.0), f16_32),
+        "int_dtype": (lambda: fast.scaled_aligned_causal_masked_softmax(x4.int(), 1.0), f16_32),
+        "triang_rank": (
+            lambda: fast.scaled_upper_triang_masked_softmax(x4, 1.0),
+            r"\[attn_batches, sq, sk\]",
+        ),
+        "aligned_rank": (
+            lambda: fast.scaled_aligned_causal_masked_softmax(x4[0], 1.0),
+            f"scaled_aligned_causal_masked_softmax_fwd expects x of shape {shape4}",
+        ),
+        "mask_shape": (lambda: fast.scaled_masked_softmax(x4, mask(2, 3, 5, 7), 1.0), mask_shape),
+        "mask_batch": (lambda: fast.scaled_masked_softmax(x4, mask(3, 1, 5, 7), 1.0), mask_shape),
+        "mask_rank": (lambda: fast.scaled_masked_softmax(x4, mask(5, 7), 1.0), mask_shape),
+        "mask_dtype": (
+            lambda: fast.scaled_masked_softmax(x4, mask(1, 1, 5, 7, dtype=torch.float32), 1.0),
+            "mask of dtype bool",
+        ),
+        "mask_uint8": (
+            lambda: fast.scaled_masked_softmax(x4, mask(1, 1, 5, 7, dtype=torch.uint8), 1.0),
+            "mask of dtype bool",
+        ),
+        "bwd_shape": (lambda: fast.scaled_softmax_bwd(y4[:, :2], y4, 1.0), "dy of the same shape"),
+        "bwd_dtype": (lambda: fast.scaled_softmax_bwd(y4.half(), y4, 1.0), "dy of the same dtype"),
+        "bwd_y_dtype": (
+            lambda: fast.scaled_masked_softmax_bwd(y4.double(), y4.double(), 1.0),
+            f"expects y of dtype {f16_32}",
+        ),
+        "bwd_rank": (
+            lambda: fast.scaled_upper_triang_masked_softmax_bwd(y4, y4, 1.0),
+            r"expects y of shape \[attn_batches, sq, sk\]",
+        ),
+        "cu_dtype": (
+            lambda: fast.convert_thd_to_bshd(thd, cu.long(), 2, 3),
+            "cu_seqlens of dtype int32",
+        ),
+        "cu_float": (
+            lambda: fast.convert_thd_to_bshd(thd, cu.float(), 2, 3),
+            "cu_seqlens of dtype int32",
+        ),
+        "cu_int64_bshd": (
+            lambda: fast.convert_bshd_to_thd(bshd, cu.long(), 5),
+            "cu_seqlens of dtype int32",
+        ),
+        "cu_shape": (
+            lambda: fast.convert_thd_to_bshd(thd, cu, 3, 3),
+            r"cu_seqlens of shape \[batch_size \+ 1\]",
+        ),
+        "cu_rank": (
+            lambda: fast.convert_bshd_to_thd(x4.view(2, 3, 5, 7), cu.view(1, 3), 5),
+            "cu_seqlens of shape",
+        ),
+        "cu_empty": (
+            lambda: fast.convert_bshd_to_thd(bshd, cu[:0], 5),
+            r"cu_seqlens of shape \[batch_size \+ 1\]",
+        ),
+        "thd_rank": (
+            lambda: fast.convert_thd_to_bshd(thd.view(5, 6), cu, 2, 3),
+            r"thd of shape \[t, h, d\]",
+        ),
+        "bshd_rank": (
+            lambda: fast.convert_bshd_to_thd(thd, cu, 5),
+            r"bshd of shape \[b, s, h, d\]",
+        ),
+        "bshd_batch": (
+            lambda: fast.convert_bshd_to_thd(torch.randn(3, 3, 2, 3, device=device), cu, 5),
+            r"cu_seqlens of shape \[b \+ 1\]",
+        ),
+        "int_storage": (
+            lambda: fast.convert_bshd_to_thd(x4.int(), cu, 5),
+            "float dtype",
+        ),
+        "bool_storage": (
+            lambda: fast.convert_thd_to_bshd(thd > 0, cu, 2, 3),
+            "float dtype",
+        ),
+        "negative_batch_size": (
+            lambda: fast.convert_thd_to_bshd(thd, cu[:1], -1, 3),
+            "batch_size >= 0 and max_seqlen >= 0, got -1 and 3",
+        ),
+        "negative_max_seqlen": (
+            lambda: fast.convert_thd_to_bshd(thd, cu, 2, -1),
+            "batch_size >= 0 and max_seqlen >= 0, got 2 and -1",
+        ),
+        "negative_num_tokens": (
+            lambda: fast.convert_bshd_to_thd(bshd, cu, -1),
+            "num_tokens >= 0, got -1",
+        ),
+    }
+
+
+# The value rules that need the cu_seqlens values (raised on the CPU; on CUDA only with
+# TE_FAST_DEBUG_CHECKS=1): max_seqlen and num_tokens too small for the lengths.
+def bad_op_values(device):
+    """case -> (call, expected message)."""
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    thd = torch.randn(5, 2, 3, device=device)
+    bshd = torch.randn(2, 3, 2, 3, device=device)
+    return {
+        "max_seqlen_too_small": (
+            lambda: fast.convert_thd_to_bshd(thd, cu, 2, 2),
+            "convert_thd_to_bshd: sequence 1 has length 3 > max_seqlen = 2",
+        ),
+        "bshd_too_short": (
+            lambda: fast.convert_bshd_to_thd(bshd[:, :2], cu, 5),
+            r"convert_bshd_to_thd: sequence 1 has length 3 > bshd.shape\[1\] = 2",
+        ),
+        "num_tokens_too_small": (
+            lambda: fast.convert_bshd_to_thd(bshd, cu, 4),
+            r"convert_bshd_to_thd: cu_seqlens\[2\] = 5 is past num_tokens = 4",
+        ),
+        "thd_too_short": (
+            lambda: fast.convert_thd_to_bshd(thd[:4], cu, 2, 3),
+            r"convert_thd_to_bshd: cu_seqlens\[2\] = 5 is past thd.shape\[0\] = 4",
+        ),
+    }

@@ -10,10 +10,12 @@ from reports import record
 from suites import devices
 from suites.numerics import K_BACKWARD, K_FORWARD, check_exact, check_ratio
 from suites.op_cases import (
+    BAD_CU_SEQLENS,
     CONVERT_DTYPES,
     DTYPES,
     SOFTMAX_DTYPES,
     SOFTMAX_OPS,
+    bad_op_calls,
     cu_seqlens_from,
     random_data,
     random_mask,
@@ -277,15 +279,6 @@ def test_convert(case, dtype_name, device_name):
         check_exact("dbshd", bshd_g.grad, bshd64.grad)
 
 
-BAD_CU_SEQLENS = {
-    # name -> (lengths as cu_seqlens, batch, max_seqlen, tokens, message)
-    "non_monotone": ([0, 5, 3, 8], 3, 8, 8, "non-decreasing"),
-    "longer_than_max_seqlen": ([0, 2, 9], 2, 4, 9, "max_seqlen"),
-    "past_the_tokens": ([0, 3, 12], 2, 9, 10, "past"),
-    "nonzero_start": ([1, 3, 5], 2, 4, 5, r"cu_seqlens\[0\] == 0"),
-}
-
-
 @pytest.mark.parametrize("device_name", devices.device_params())
 @pytest.mark.parametrize("case", list(BAD_CU_SEQLENS))
 def test_convert_rejects_bad_cu_seqlens(case, device_name, monkeypatch):
@@ -314,71 +307,12 @@ def test_convert_rejects_bad_cu_seqlens(case, device_name, monkeypatch):
 # ----------------------------------------------------------------------------- argument errors
 
 
-def _bad_calls(device):
-    """case -> (call, expected message): each call breaks exactly one rule."""
-    x4 = torch.randn(2, 3, 5, 7, device=device)
-    y4 = torch.softmax(x4, -1)
-    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
-    thd = torch.randn(5, 2, 3, device=device)
-
-    def mask(*shape, dtype=torch.bool):
-        return torch.zeros(shape, dtype=dtype, device=device)
-
-    shape4 = r"\[b, h, sq, sk\]"
-    mask_shape = r"mask of shape \[1\|b, 1, sq, sk\]"
-    f16_32 = "float16, bfloat16 or float32"
-    return {
-        "rank": (
-            lambda: fast.scaled_softmax(x4[0], 1.0),
-            f"scaled_softmax_fwd expects x of shape {shape4}",
-        ),
-        "dtype": (lambda: fast.scaled_softmax(x4.double(), 1.0), f16_32),
-        "int_dtype": (lambda: fast.scaled_aligned_causal_masked_softmax(x4.int(), 1.0), f16_32),
-        "triang_rank": (
-            lambda: fast.scaled_upper_triang_masked_softmax(x4, 1.0),
-            r"\[attn_batches, sq, sk\]",
-        ),
-        "mask_shape": (lambda: fast.scaled_masked_softmax(x4, mask(2, 3, 5, 7), 1.0), mask_shape),
-        "mask_batch": (lambda: fast.scaled_masked_softmax(x4, mask(3, 1, 5, 7), 1.0), mask_shape),
-        "mask_dtype": (
-            lambda: fast.scaled_masked_softmax(x4, mask(1, 1, 5, 7, dtype=torch.float32), 1.0),
-            "mask of dtype bool",
-        ),
-        "bwd_shape": (lambda: fast.scaled_softmax_bwd(y4[:, :2], y4, 1.0), "dy of the same shape"),
-        "bwd_dtype": (lambda: fast.scaled_softmax_bwd(y4.half(), y4, 1.0), "dy of the same dtype"),
-        "cu_dtype": (
-            lambda: fast.convert_thd_to_bshd(thd, cu.long(), 2, 3),
-            "cu_seqlens of dtype int32",
-        ),
-        "cu_shape": (
-            lambda: fast.convert_thd_to_bshd(thd, cu, 3, 3),
-            r"cu_seqlens of shape \[batch_size \+ 1\]",
-        ),
-        "cu_rank": (
-            lambda: fast.convert_bshd_to_thd(x4.view(2, 3, 5, 7), cu.view(1, 3), 5),
-            "cu_seqlens of shape",
-        ),
-        "thd_rank": (
-            lambda: fast.convert_thd_to_bshd(thd.view(5, 6), cu, 2, 3),
-            r"thd of shape \[t, h, d\]",
-        ),
-        "bshd_batch": (
-            lambda: fast.convert_bshd_to_thd(torch.randn(3, 3, 2, 3, device=device), cu, 5),
-            r"cu_seqlens of shape \[b \+ 1\]",
-        ),
-        "int_storage": (
-            lambda: fast.convert_bshd_to_thd(x4.int(), cu, 5),
-            "float dtype",
-        ),
-    }
-
-
 @pytest.mark.parametrize("device_name", devices.device_params())
-@pytest.mark.parametrize("case", list(_bad_calls("meta")))
+@pytest.mark.parametrize("case", list(bad_op_calls("meta")))
 def test_argument_errors(case, device_name):
     """Invalid input raises a RuntimeError naming the op, the argument and what was expected."""
     _record("argument_errors", "-", device_name, case)
     device = devices.require(device_name)
-    fn, message = _bad_calls(device)[case]
+    fn, message = bad_op_calls(device)[case]
     with pytest.raises(RuntimeError, match=f"te_fast: .*{message}"):
         fn()

@@ -145,3 +145,132 @@ def test_catches_wrong_numerics():
     wrong = torch.softmax(x.float(), -1).to(torch.bfloat16)
     with record.suspended(), pytest.raises(AssertionError, match="ratio"):
         check_ratio("y", wrong, ref64, ref_lp, 2.0)
+
+
+# ----------------------------------------------------------------------------- fuzz checks
+# The property-based suite (suites/test_fuzz.py) run on deliberately broken stand-ins
+# (suites/broken_ops.py): each must be found, shrunk and printed with a reproducer.
+
+HYPOTHESIS_MISSING = "hypothesis is not installed (pip install -e '.[test]')"
+
+
+def _fuzz_failure(check, strategy, match: str, examples: int = 100, **extra) -> AssertionError:
+    pytest.importorskip("hypothesis", reason=HYPOTHESIS_MISSING)
+    from suites import fuzz_strategies as fs
+
+    with record.suspended(), pytest.raises(AssertionError, match=match) as info:
+        fs.fuzz(check, strategy, "cpu", examples, **extra)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "Failing test case" in notes or "Falsifying example" in notes, notes
+    assert "reproduce (from the repository root)" in notes, notes
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "broken,op,match",
+    [
+        ("masks_in_place", "scaled_masked_softmax", "an input was written"),
+        ("subtracts_in_dy", "scaled_softmax", "an input was written"),
+        ("dx_in_dy", "scaled_upper_triang_masked_softmax", "shares storage"),
+        ("keeps_input_strides", "scaled_aligned_causal_masked_softmax", "the fake gives"),
+        ("uniform_masked_rows", "scaled_masked_softmax", r"y[^:]*: max .* > bound"),
+    ],
+)
+def test_fuzz_catches_broken_softmax(broken, op, match):
+    _record(f"fuzz_{broken}", "cpu")
+    devices.require("cpu")
+    pytest.importorskip("hypothesis", reason=HYPOTHESIS_MISSING)
+    from suites import fuzz_checks as fc
+    from suites import fuzz_strategies as fs
+
+    impl = getattr(broken_ops, broken)
+    _fuzz_failure(fc.check_softmax_example, fs.softmax_examples(op, "cpu"), match, impl=impl)
+
+
+@pytest.mark.parametrize("direction", ["thd_to_bshd", "bshd_to_thd"])
+def test_fuzz_catches_aliasing_conversion(direction):
+    """A view returned as the output is an alias even where it starts elsewhere in the storage
+    or holds no element (storage spans, not pointers)."""
+    _record(f"fuzz_convert_no_copy_{direction}", "cpu")
+    devices.require("cpu")
+    pytest.importorskip("hypothesis", reason=HYPOTHESIS_MISSING)
+    from suites import fuzz_checks as fc
+    from suites import fuzz_strategies as fs
+
+    _fuzz_failure(
+        fc.check_convert_example, fs.convert_examples(direction), "shares storage",
+        examples=500, impl=broken_ops.convert_no_copy,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "adapter_name,match",
+    [
+        ("selftest.mutates_query", "an input was written"),
+        ("selftest.aliases_value", "shares storage"),
+    ],
+)
+def test_fuzz_catches_broken_module(adapter_name, match):
+    _record(f"fuzz_{adapter_name}", "cpu")
+    devices.require("cpu")
+    pytest.importorskip("hypothesis", reason=HYPOTHESIS_MISSING)
+    from suites import fuzz_checks as fc
+    from suites import fuzz_strategies as fs
+
+    adapter = broken_ops.BROKEN_ADAPTERS[adapter_name]
+    _fuzz_failure(
+        fc.check_module_example, fs.module_examples("bshd", "cpu"), match, examples=40,
+        adapter=adapter,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def test_determinism_catches_jitter():
+    """An op whose output varies by one ulp from call to call fails the 10-run check."""
+    _record("jittery", "cpu")
+    devices.require("cpu")
+    from suites import invariance
+
+    with pytest.raises(AssertionError, match=r"run \d+ vs run 0: \d+ bytes differ"):
+        invariance.check_determinism("scaled_softmax", "fp32", "cpu", 100, impl=broken_ops.jittery)
+
+
+@pytest.mark.parametrize("sk", [32, 1000])
+def test_batch_invariance_catches_batch_variant(sk):
+    """A softmax whose row sums depend on the batch size fails the batch-invariance check."""
+    _record(f"batch_variant_sk{sk}", "cpu")
+    devices.require("cpu")
+    from suites import invariance
+
+    with pytest.raises(AssertionError, match="bytes differ"):
+        invariance.check_batch_invariance(
+            "scaled_softmax", "fp32", "cpu", sk, impl=broken_ops.batch_variant
+        )
+
+
+def test_module_determinism_catches_jitter():
+    _record("jittery_module", "cpu")
+    device = devices.require("cpu")
+    from suites import invariance
+    from suites.cases import AttnCase
+
+    case = AttnCase("bshd_bshd_bshd", "fp32", "causal", device="cpu", b=2, sq=9, skv=9, h=2,
+                    hg=2, d=8, dv=8)  # fmt: skip
+    adapter = broken_ops.BROKEN_ADAPTERS["selftest.jittery_output"]
+    with pytest.raises(AssertionError, match="out: .*bytes differ"):
+        invariance.check_module_determinism(case, device, adapter=adapter)
+
+
+def test_dropout_seed_check_catches_unseeded_dropout():
+    _record("unseeded_dropout", "cpu")
+    device = devices.require("cpu")
+    from suites import invariance
+    from suites.cases import AttnCase
+
+    case = AttnCase("bshd_bshd_bshd", "fp32", "causal", device="cpu", b=2, sq=9, skv=9, h=2,
+                    hg=2, d=8, dv=8)  # fmt: skip
+    adapter = broken_ops.BROKEN_ADAPTERS["selftest.unseeded_dropout"]
+    with pytest.raises(AssertionError, match="seed 1234, run 1 vs run 0: out"):
+        invariance.check_dropout_seeded(case, device, adapter=adapter)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: environment, a timed build, the given pytest run (through the report
-# tool), and optionally the benchmark; every log lands in $OUT (default ./gpu_out).
-#   tools/gpu_run.sh [--bench] [--ncu] [--] [python -m reports run arguments ...]
-# --ncu: after everything else, tools/ncu_softmax.py --table (ncu on the standing kernel list)
-# into $OUT/ncu.txt.
+# tool), optionally compute-sanitizer's four tools over every kernel path and the module
+# (tools/sanitize.sh, beside the pytest run), ncu on the standing kernel list
+# (tools/ncu_softmax.py --table into $OUT/ncu.txt) and the benchmark; every log lands in $OUT
+# (default ./gpu_out). Exits non-zero when any step failed.
+#   tools/gpu_run.sh [--sanitize] [--ncu] [--bench] [--] [python -m reports run arguments ...]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -11,14 +12,18 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 bench=0
 ncu=0
+sanitize=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=1; shift ;;
     --ncu) ncu=1; shift ;;
+    --sanitize) sanitize=1; shift ;;
     --) shift; break ;;
     *) break ;;
   esac
 done
+failed=""  # the steps that failed; the exit code is the benchmark's own when only it failed
+final=0
 
 if [ -d .whl ]; then  # wheels carried to a machine without a registry
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -29,8 +34,9 @@ fi
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   $PY -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
-  $PY -m pip list 2>/dev/null | grep -i -E "^(torch|pytest|pytest-xdist|matplotlib|numpy|ninja|expecttest) "
-  command -v ninja nvcc
+  $PY -m pip list 2>/dev/null | grep -i -E "^(torch|pytest|pytest-xdist|matplotlib|numpy|ninja|expecttest|hypothesis) "
+  $PY -c "import hypothesis; print('hypothesis', hypothesis.__version__)" 2>&1 | tail -1
+  command -v ninja nvcc compute-sanitizer
   echo "CC=${CC:-} CXX=${CXX:-}"; ${CXX:-g++} --version | head -1; /usr/bin/g++ --version 2>&1 | head -1
   file -L "${CXX:-/usr/bin/g++}" 2>/dev/null; head -c 400 "${CXX:-/dev/null}" 2>/dev/null | strings | head -5
   nproc
@@ -65,8 +71,23 @@ if ! error_path | grep -q "error path ok"; then
   echo "rebuilt with $(/usr/bin/g++ --version | head -1): $(error_path)" | tee -a "$OUT/build_time.txt"
 fi
 
+if [ $sanitize -eq 1 ]; then
+  # its own processes (PYTORCH_NO_CUDA_MEMORY_CACHING=1), beside the pytest run below
+  PYTHON=$PY tools/sanitize.sh "$OUT/sanitize" > "$OUT/sanitize.log" 2>&1 &
+  sanitize_pid=$!
+  echo "sanitize: compute-sanitizer ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck} started (logs in $OUT/sanitize)"
+fi
 if [ $# -gt 0 ]; then
   $PY -m reports run --out "$OUT/report" "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v -E "^\.|^s|PASSED|SKIPPED" | tail -60
+  pytest_rc=${PIPESTATUS[0]}
+  echo "reports run: exit $pytest_rc (0 pass, 1 failures or regressions, 2 baseline problem)"
+  [ "$pytest_rc" -eq 0 ] || { failed+=" pytest"; final=1; }
+fi
+if [ $sanitize -eq 1 ]; then
+  wait "$sanitize_pid"
+  sanitize_rc=$?
+  cat "$OUT/sanitize.log"
+  [ "$sanitize_rc" -eq 0 ] || { failed+=" sanitize"; final=1; }
 fi
 if [ $ncu -eq 1 ]; then
   PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 300 $PY tools/ncu_softmax.py --table 2>&1 | tee "$OUT/ncu.txt"
@@ -76,5 +97,10 @@ if [ $bench -eq 1 ]; then
   $PY -m benchmarks --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
   echo "benchmarks: exit $bench_rc (0 ok, 1 WRONG/ERROR rows, 2 cannot run here, 3 stopped)"
-  [ "$bench_rc" -eq 0 ] || exit "$bench_rc"
+  [ "$bench_rc" -eq 0 ] || { failed+=" bench"; [ "$final" -ne 0 ] || final=$bench_rc; }
 fi
+if [ -n "$failed" ]; then
+  echo "gpu_run: failed:$failed"
+  exit "$final"
+fi
+echo "gpu_run: every step passed"

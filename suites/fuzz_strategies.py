@@ -1,0 +1,313 @@
+"""hypothesis strategies for the examples of suites/fuzz_checks.py, the settings profiles, and
+`fuzz()`, which runs one check over drawn examples. Import only after
+`pytest.importorskip("hypothesis")`.
+
+Profiles (environment variable TE_FUZZ_PROFILE; TE_FUZZ_EXAMPLES=N overrides the count):
+  ci       the default: a fixed seed (derandomize) and a small budget per device, so that CI
+           (2 cores, CPU) spends about a minute in all fuzz tests together
+  gpu      a fixed seed and several times the examples, for a GPU machine
+  explore  a random seed each run and many examples, with hypothesis' example database, to
+           hunt for new failures locally
+"""
+
+from __future__ import annotations
+
+import os
+
+import hypothesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from suites.cases import BIAS_SHAPES, AttnCase
+from suites.fuzz_checks import CORRUPTIONS, LAYOUTS, ConvertExample, ModuleExample, SoftmaxExample
+from suites.op_cases import CONVERT_DTYPES, SOFTMAX_DTYPES
+from te_ref.layouts import ATTN_MASK_TYPES, parse_layout
+from te_ref.layouts import LAYOUTS as QKV_LAYOUTS
+
+# examples per test: profile -> device -> kind -> count
+PROFILES = {
+    "ci": {"cpu": {"softmax": 60, "convert": 80, "module": 25},
+           "cuda": {"softmax": 150, "convert": 150, "module": 60}},
+    "gpu": {"cpu": {"softmax": 150, "convert": 200, "module": 100},
+            "cuda": {"softmax": 600, "convert": 500, "module": 250}},
+    "explore": {"cpu": {"softmax": 2000, "convert": 2000, "module": 1000},
+                "cuda": {"softmax": 4000, "convert": 3000, "module": 2000}},
+}  # fmt: skip
+PROFILE_ENV = "TE_FUZZ_PROFILE"
+EXAMPLES_ENV = "TE_FUZZ_EXAMPLES"
+
+
+def profile_name() -> str:
+    name = os.environ.get(PROFILE_ENV, "ci")
+    if name not in PROFILES:
+        raise ValueError(f"{PROFILE_ENV}={name!r}: expected one of {sorted(PROFILES)}")
+    return name
+
+
+def examples(device: str, kind: str) -> int:
+    if os.environ.get(EXAMPLES_ENV):
+        return int(os.environ[EXAMPLES_ENV])
+    return PROFILES[profile_name()][device][kind]
+
+
+def fuzz_settings(max_examples: int, shrink: bool = True) -> settings:
+    explore = profile_name() == "explore"
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+    if shrink:
+        phases += [Phase.shrink, Phase.explain]
+    return settings(
+        max_examples=max_examples,
+        derandomize=not explore,  # CI: the same examples on every run
+        database=DirectoryBasedExampleDatabase(".hypothesis/examples") if explore else None,
+        deadline=None,
+        phases=phases,
+        print_blob=True,
+        report_multiple_bugs=False,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+            HealthCheck.function_scoped_fixture,
+        ],
+    )
+
+
+def fuzz(
+    check, strategy, device: str, max_examples: int, shrink: bool = True, explicit=(), **extra
+) -> None:
+    """Run check(example, device, **extra) on the ``explicit`` examples, then on drawn ones; the
+    first failure is shrunk and re-raised with hypothesis' "Falsifying example" and the
+    example's reproducer in its notes."""
+
+    @fuzz_settings(max_examples, shrink)
+    @given(example=strategy)
+    def run(example):
+        check(example, device, **extra)
+
+    for ex in explicit:
+        run = hypothesis.example(example=ex)(run)
+    run()
+
+
+# ----------------------------------------------------------------------------- softmax ops
+
+# Row lengths at the kernels' edges (csrc/cuda/softmax_impl.cuh: one chunk, a warp's lanes, one
+# CTA, the last/first of each width, clusters, the two-pass kernel); any other length too.
+EDGE_LENGTHS = (0, 1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 40, 63, 64, 65, 127, 128, 129, 255, 256,
+                257, 500, 512, 1000, 1023, 1024, 1025, 2048, 4096, 4099)  # fmt: skip
+CUDA_LONG_LENGTHS = (8192, 16384, 16385, 20000, 33000, 65536, 70000, 131072, 131080, 140000)
+SCALES = (0.7, 1.0, 0.125, 2.0, 1 / 3, -0.5, 0.0)
+SMALL_COUNTS = (1, 2, 3, 1, 2, 3, 0)  # batch sizes and row counts: 0 (empty) one time in seven
+MAGNITUDES = (1.0, 2.0, 30.0, 1e4)
+
+
+@st.composite
+def softmax_examples(draw, op: str, device: str):
+    """x of any small shape: batch 0/1/more, zero query rows, sk = 0/1/odd/edge lengths (on
+    CUDA up to the two-pass kernel's rows), any memory layout, scale and magnitude; masks
+    broadcast or per batch, dense or sparse, with fully masked rows; -inf scores."""
+    lengths = EDGE_LENGTHS + (CUDA_LONG_LENGTHS if device == "cuda" else ())
+    sk = draw(st.one_of(st.sampled_from(lengths), st.integers(1, 300)))
+    budget = 1 << (20 if device == "cuda" else 15)  # elements of x, so examples stay quick
+    rows_max = max(1, budget // max(sk, 1))
+    sq = min(draw(st.sampled_from(SMALL_COUNTS + (4, 5, 6, 7))), rows_max)
+    if op == "scaled_upper_triang_masked_softmax":
+        ab = min(draw(st.sampled_from(SMALL_COUNTS + (4,))), rows_max // max(sq, 1))
+        shape = (ab, sq, sk)
+    else:
+        b = min(draw(st.sampled_from(SMALL_COUNTS)), rows_max // max(sq, 1))
+        h = max(1, min(draw(st.integers(1, 3)), rows_max // max(sq * b, 1)))
+        shape = (b, h, sq, sk)
+    scale = draw(st.sampled_from(SCALES))
+    masked = op == "scaled_masked_softmax"
+    return SoftmaxExample(
+        op=op,
+        dtype=draw(st.sampled_from(SOFTMAX_DTYPES)),
+        shape=shape,
+        scale=scale,
+        magnitude=draw(st.sampled_from(MAGNITUDES)),
+        x_layout=draw(st.sampled_from(LAYOUTS)),
+        dy_layout=draw(st.sampled_from(LAYOUTS)),
+        y_layout=draw(st.sampled_from(LAYOUTS)),
+        mask_per_batch=draw(st.booleans()) if masked else False,
+        mask_density=draw(st.sampled_from((0.0, 0.3, 0.9, 1.0))) if masked else 0.3,
+        masked_row=draw(st.integers(-1, max(-1, sq - 1))) if masked else -1,
+        mask_layout=draw(st.sampled_from(LAYOUTS)) if masked else "contiguous",
+        neg_inf=draw(st.sampled_from((0.0, 0.1, 1.0))) if scale > 0 else 0.0,
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+# ----------------------------------------------------------------------------- conversions
+
+DATA_LAYOUTS = ("contiguous", "offset1", "offset3", "offset8", "strided", "transposed")
+CU_LAYOUTS = ("contiguous", "offset1", "offset3", "strided")
+SEQUENCES = (1, 2, 3, 4, 5, 1, 2, 3, 0)  # sequences per batch: none one time in nine
+
+
+@st.composite
+def convert_examples(draw, direction: str):
+    """Any number of sequences (none, empty ones), padding beyond the longest, tokens past
+    cu_seqlens[-1], every storage dtype, strided/offset data and cu_seqlens, and about half the
+    time one broken argument rule (non-monotone, past the buffer, negative, nonzero start,
+    a sequence longer than max_seqlen, num_tokens too small)."""
+    return ConvertExample(
+        direction=direction,
+        dtype=draw(st.sampled_from(CONVERT_DTYPES)),
+        lengths=tuple(draw(st.integers(0, 7)) for _ in range(draw(st.sampled_from(SEQUENCES)))),
+        h=draw(st.integers(0, 3)),
+        d=draw(st.integers(1, 9)),
+        pad=draw(st.integers(0, 3)),
+        trailing=draw(st.integers(0, 4)),
+        data_layout=draw(st.sampled_from(DATA_LAYOUTS)),
+        cu_layout=draw(st.sampled_from(CU_LAYOUTS)),
+        corruption=draw(st.sampled_from(CORRUPTIONS[1:])) if draw(st.booleans()) else None,
+        where=draw(st.integers(0, 4)),
+        amount=draw(st.integers(0, 3)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+# ----------------------------------------------------------------------------- the module
+
+
+def _family(layout: str) -> str:
+    info = parse_layout(layout)
+    return info.q_format if info.q_format == info.kv_format else "mixed"
+
+
+FAMILIES = {
+    family: [n for n in QKV_LAYOUTS if _family(n) == family]
+    for family in ("sbhd", "bshd", "thd", "mixed")
+}
+MODULE_DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp16", "fp32")}
+WINDOWS = (None, (0, 0), (1, 0), (2, 1), (-1, 2), (3, -1), (0, -1))
+BIASES = (
+    ("no_bias", None, None),
+    *[(kind, shape, None) for kind in ("pre_scale_bias", "post_scale_bias")
+      for shape in BIAS_SHAPES],
+    ("alibi", None, None),
+    ("alibi", None, "h"),
+    ("alibi", None, "bh"),
+)  # fmt: skip
+SOFTMAXES = (
+    ("vanilla", "arg"), ("off-by-one", "arg"), ("learnable", "arg"), ("learnable", "param")
+)  # fmt: skip
+
+
+@st.composite
+def module_examples(draw, family: str, device: str):
+    """One UnfusedDotProductAttention call of the family's layouts: any mask type, window and
+    alignment, bias, softmax type, GQA/MQA group, MLA head dims, cross attention, ragged lengths
+    (random, an empty sequence, one full sequence, trailing tokens), a longer kv cache."""
+    layout = draw(st.sampled_from(FAMILIES[family]))
+    info = parse_layout(layout)
+    masks = [m for m in ATTN_MASK_TYPES if not (info.q_format == "thd" and m == "arbitrary")]
+    mask_type = draw(st.sampled_from(masks))
+    h = draw(st.sampled_from((1, 2, 3, 4)))
+    groups = [g for g in (1, 2, 3, 4) if h % g == 0]
+    hg = h if info.packing == "qkv" else draw(st.sampled_from(groups))
+    sq = draw(st.integers(1, 8))
+    skv = sq if info.packing == "qkv" else draw(st.integers(1, 8))
+    d = draw(st.integers(1, 8))
+    dv = d if info.packing else draw(st.integers(1, 8))
+    bias_type, bias_shape, slopes = draw(st.sampled_from(BIASES))
+    softmax_type, offset_via = draw(st.sampled_from(SOFTMAXES))
+    window = draw(st.sampled_from(WINDOWS))
+    if window is not None and "causal" in mask_type and window[1] > 0:
+        window = (window[0], 0)  # a right context conflicts with a causal type (an error case)
+    thd_cache = info.q_format == "thd" and info.kv_format != "thd"
+    case = AttnCase(
+        layout, draw(st.sampled_from(MODULE_DTYPES[device])), mask_type, device=device,
+        b=draw(st.integers(1, 3)), sq=sq, skv=skv, h=h, hg=hg, d=d, dv=dv,
+        bias_type=bias_type, bias_shape=bias_shape, alibi_slopes=slopes,
+        softmax_type=softmax_type, offset_via=offset_via, window=window,
+        bottom_right_diagonal=draw(st.sampled_from((None, True, False))),
+        padding_from=draw(st.sampled_from(("cu_seqlens", "mask"))),
+        varlen=draw(st.sampled_from(("random", "zero_length", "full", "trailing"))),
+        kv_cache_extra=draw(st.integers(0, 3)) if thd_cache else 0,
+        return_max_logit=draw(st.booleans()),
+    )  # fmt: skip
+    hypothesis.assume(case.invalid_reason() is None)
+    return ModuleExample(case, seed=draw(st.integers(0, 2**16)))
+
+
+# ----------------------------------------------------------------------------- explicit examples
+# Run first, on every profile: each category the issue names, whatever the draws reach.
+
+
+def softmax_explicit(op: str) -> list[SoftmaxExample]:
+    """Batch 1 with one column, zero query rows, an empty batch, odd misaligned and transposed
+    rows, a long row with every layout change, a broadcast x at scale 0, all scores -inf, and
+    (masked op) a fully masked per-batch mask starting mid-vector."""
+    three = op == "scaled_upper_triang_masked_softmax"
+
+    def shape(b, h, sq, sk):
+        return (b * h, sq, sk) if three else (b, h, sq, sk)
+
+    ex = [
+        SoftmaxExample(op, "bf16", shape(1, 1, 1, 1), 0.7),
+        SoftmaxExample(op, "fp32", shape(1, 2, 0, 17), 0.7),
+        SoftmaxExample(op, "fp16", shape(0, 2, 3, 17), 0.7),
+        SoftmaxExample(op, "bf16", shape(2, 2, 3, 17), 0.7, x_layout="offset1",
+                       dy_layout="offset3", y_layout="strided", seed=1),
+        SoftmaxExample(op, "fp16", shape(1, 2, 3, 4099), 1.0, x_layout="transposed",
+                       dy_layout="expanded", y_layout="offset8", seed=2),
+        SoftmaxExample(op, "fp32", shape(2, 3, 2, 1025), 0.0, x_layout="expanded", seed=3),
+        SoftmaxExample(op, "bf16", shape(1, 1, 4, 33), 0.7, neg_inf=1.0, seed=4),
+    ]  # fmt: skip
+    if op == "scaled_masked_softmax":
+        ex.append(SoftmaxExample(op, "bf16", (3, 2, 5, 40), 0.7, mask_per_batch=True,
+                                 mask_density=1.0, mask_layout="offset1", seed=5))  # fmt: skip
+        ex.append(SoftmaxExample(op, "fp32", (2, 1, 3, 64), 2.0, mask_density=0.3, masked_row=2,
+                                 mask_layout="expanded", neg_inf=0.1, seed=6))  # fmt: skip
+    return ex
+
+
+def convert_explicit(direction: str) -> list[ConvertExample]:
+    """Every broken rule once (with an empty sequence and trailing tokens around it); one full
+    sequence; empty sequences with fp8 storage, misaligned data and strided cu_seqlens; no
+    sequence at all; rows of an odd byte count."""
+    ex = [
+        ConvertExample(direction, "fp32", (3, 0, 4), trailing=2, pad=1, corruption=c, where=1,
+                       amount=1, seed=i)
+        for i, c in enumerate(CORRUPTIONS[1:])
+    ]  # fmt: skip
+    ex += [
+        ConvertExample(direction, "bf16", (6,)),
+        ConvertExample(direction, "fp8e4m3", (0, 3, 0), trailing=3, data_layout="offset1",
+                       cu_layout="strided", seed=7),
+        ConvertExample(direction, "fp16", (), trailing=2),
+        ConvertExample(direction, "fp8e5m2", (2, 5), h=1, d=3, pad=2, data_layout="transposed"),
+    ]  # fmt: skip
+    return ex
+
+
+def module_explicit(family: str, device: str) -> list[ModuleExample]:
+    """A GQA call with padding (an empty sequence where ragged), one full-length sequence with
+    trailing tokens, and sink softmax with alibi and a window, on the family's first layout."""
+    layout = FAMILIES[family][-1]  # the unpacked one: GQA and MLA allowed
+    dtype = MODULE_DTYPES[device][0]
+    cache = 2 if family == "mixed" and layout.startswith("thd") else 0
+    base = dict(device=device, b=2, sq=5, skv=5, h=4, hg=2, d=8, dv=8, kv_cache_extra=cache)
+    return [
+        ModuleExample(AttnCase(layout, dtype, "padding_causal", varlen="zero_length", **base)),
+        ModuleExample(
+            AttnCase(layout, dtype, "causal_bottom_right", varlen="full", **dict(base, b=1)), seed=1
+        ),  # fmt: skip
+        ModuleExample(
+            AttnCase(
+                layout,
+                dtype,
+                "padding",
+                varlen="trailing",
+                softmax_type="learnable",
+                bias_type="alibi",
+                window=(2, 1),
+                return_max_logit=True,
+                **base,
+            ),
+            seed=2,
+        ),  # fmt: skip
+    ]

@@ -1,0 +1,482 @@
+"""Bad input, nothing lost: every argument rule of the ops and of the module raises a
+ValueError/RuntimeError whose message names the argument and the form it expects; on CUDA, bad
+cu_seqlens values raise the CPU's message under TE_FAST_DEBUG_CHECKS=1 and are NaN-poisoned
+without a host sync otherwise. Two meta-tests hold the tables complete: every check in
+csrc/checks.h and every raise in te_fast's Python must be hit by a case here (or in
+suites/op_cases.py's tables)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import te_fast
+import te_ref
+from reports import record
+from suites import contracts, devices
+from suites.fuzz_checks import poisoned_rows
+from suites.op_cases import BAD_CU_SEQLENS, bad_op_calls, bad_op_values
+from te_fast import ops as fast
+from te_fast.fp8 import CurrentScaling, DelayedScaling
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICES = devices.device_params()
+
+
+def _record(what: str, device_name: str) -> None:
+    record.case(impl="te_fast", layout="bad_input", mask_type=what, device=device_name)
+
+
+def _message(fn) -> str:
+    try:
+        fn()
+    except (ValueError, RuntimeError) as e:
+        return str(e).split("\n")[0]
+    raise AssertionError("no error")
+
+
+# ----------------------------------------------------------------------------- ops
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("case", list(bad_op_values("meta")))
+def test_op_bad_values(case, device_name, monkeypatch):
+    """max_seqlen or num_tokens too small for the lengths: a RuntimeError naming the op and the
+    argument (CUDA: under TE_FAST_DEBUG_CHECKS=1)."""
+    _record(f"op_value:{case}", device_name)
+    device = devices.require(device_name)
+    monkeypatch.setenv("TE_FAST_DEBUG_CHECKS", "1")
+    fn, message = bad_op_values(device)[case]
+    with pytest.raises(RuntimeError, match=f"te_fast: {message}"):
+        fn()
+
+
+def _device_mismatch_calls(cuda):
+    """case -> (call, message): one argument on the other device."""
+    x = torch.randn(2, 3, 5, 7, device=cuda)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    return {
+        "mask_on_cpu": (
+            lambda: fast.scaled_masked_softmax(x, torch.zeros(1, 1, 5, 7, dtype=torch.bool), 1.0),
+            r"scaled_masked_softmax_fwd expects mask on cuda:\d like x, got cpu",
+        ),
+        "x_on_cpu": (
+            lambda: fast.scaled_masked_softmax(
+                x.cpu(), torch.zeros(1, 1, 5, 7, dtype=torch.bool, device=cuda), 1.0
+            ),
+            r"scaled_masked_softmax_fwd expects mask on cpu like x, got cuda:\d",
+        ),
+        "dy_on_cpu": (
+            lambda: fast.scaled_softmax_bwd(x.cpu(), x, 1.0),
+            r"scaled_softmax_bwd expects dy and y on one device, got cpu and cuda:\d",
+        ),
+        "cu_seqlens_on_cpu": (
+            lambda: fast.convert_thd_to_bshd(torch.randn(5, 2, 3, device=cuda), cu, 2, 3),
+            r"convert_thd_to_bshd expects cu_seqlens on cuda:\d like the data, got cpu",
+        ),
+        "cu_seqlens_on_cuda": (
+            lambda: fast.convert_bshd_to_thd(torch.randn(2, 3, 2, 3), cu.to(cuda), 5),
+            r"convert_bshd_to_thd expects cu_seqlens on cpu like the data, got cuda:\d",
+        ),
+    }
+
+
+DEVICE_MISMATCH = list(_device_mismatch_calls("meta"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", DEVICE_MISMATCH)
+def test_op_device_mismatch(case):
+    _record(f"device_mismatch:{case}", "cuda")
+    device = devices.require("cuda")
+    fn, message = _device_mismatch_calls(device)[case]
+    with pytest.raises(RuntimeError, match=f"te_fast: {message}"):
+        fn()
+
+
+def _bad_cu_call(case: str, op: str, device):
+    cu_list, b, max_seqlen, t, _ = BAD_CU_SEQLENS[case]
+    gen = torch.Generator().manual_seed(len(case))
+    cu = torch.tensor(cu_list, dtype=torch.int32, device=device)
+    if op == "convert_thd_to_bshd":
+        args = (torch.randn(t, 2, 3, generator=gen).to(device), cu, b, max_seqlen)
+    else:
+        args = (torch.randn(b, max_seqlen, 2, 3, generator=gen).to(device), cu, t)
+    return args, cu_list
+
+
+CONVERSIONS = ["convert_thd_to_bshd", "convert_bshd_to_thd"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONVERSIONS)
+@pytest.mark.parametrize("case", list(BAD_CU_SEQLENS))
+def test_debug_checks_raise_the_cpu_message(case, op, monkeypatch):
+    """TE_FAST_DEBUG_CHECKS=1 on CUDA: bad cu_seqlens values raise exactly the CPU's message."""
+    _record(f"debug_checks:{case}:{op}", "cuda")
+    device = devices.require("cuda")
+    args, _ = _bad_cu_call(case, op, device)
+    cpu_args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
+    cpu_message = _message(lambda: getattr(fast, op)(*cpu_args))
+    monkeypatch.setenv("TE_FAST_DEBUG_CHECKS", "1")
+    assert _message(lambda: getattr(fast, op)(*args)) == cpu_message
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", CONVERSIONS)
+@pytest.mark.parametrize("case", list(BAD_CU_SEQLENS))
+def test_bad_cu_seqlens_poison_without_host_sync(case, op, monkeypatch):
+    """Without TE_FAST_DEBUG_CHECKS on CUDA: no error and no host sync (sync debug mode
+    'error'); exactly the rows the kernels' rule marks are NaN, every other row is what the
+    conversion gives for the usable sequences (copies and zeros)."""
+    _record(f"poison:{case}:{op}", "cuda")
+    device = devices.require("cuda")
+    monkeypatch.delenv("TE_FAST_DEBUG_CHECKS", raising=False)
+    args, cu = _bad_cu_call(case, op, device)
+    outs = []
+    contracts.assert_no_host_sync(lambda: outs.append(getattr(fast, op)(*args)))
+    out = outs[0].cpu()
+    nan_rows = torch.isnan(out).flatten(start_dim=-2).any(-1)
+    expected = poisoned_rows(op, args, cu)
+    assert torch.equal(nan_rows, expected), (nan_rows, expected)
+    assert expected.any(), "the case poisons nothing: it tests nothing"
+    data = args[0].cpu()
+    for index in (~expected).nonzero().tolist():  # the rows that are not poisoned
+        if op == "convert_thd_to_bshd":
+            x, s = index
+            length = cu[x + 1] - cu[x]
+            want = data[cu[x] + s] if s < length else torch.zeros_like(data[0])
+        else:
+            (r,) = index
+            if r >= cu[-1]:
+                want = torch.zeros_like(data[0, 0])
+            else:
+                x = max(i for i in range(len(cu) - 1) if cu[i] <= r)
+                want = data[x, r - cu[x]]
+        assert torch.equal(out[tuple(index)], want), index
+
+
+@pytest.mark.gpu
+def test_module_bad_cu_seqlens_on_cuda(monkeypatch):
+    """The module on thd with a non-monotone cu_seqlens_q: with TE_FAST_DEBUG_CHECKS=1 the CPU's
+    error; without, a NaN output and no host sync."""
+    _record("module_bad_cu_seqlens", "cuda")
+    device = devices.require("cuda")
+
+    def inputs(dev):
+        t = torch.randn(8, 2, 16, generator=torch.Generator().manual_seed(0)).to(dev)
+        return t, torch.tensor([0, 5, 3, 8], dtype=torch.int32, device=dev)
+
+    def call(t, cu):
+        attn = te_fast.UnfusedDotProductAttention(0.25)
+        return attn(t, t, t, qkv_layout="thd_thd_thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                    max_seqlen_q=5, max_seqlen_kv=5, attn_mask_type="padding_causal")  # fmt: skip
+
+    cpu_message = _message(lambda: call(*inputs("cpu")))
+    assert "te_fast: convert_thd_to_bshd expects non-decreasing cu_seqlens" in cpu_message
+    cuda_inputs = inputs(device)  # built outside the sync check (a host-to-device copy syncs)
+    monkeypatch.setenv("TE_FAST_DEBUG_CHECKS", "1")
+    assert _message(lambda: call(*cuda_inputs)) == cpu_message
+    monkeypatch.delenv("TE_FAST_DEBUG_CHECKS")
+    outs = []
+    contracts.assert_no_host_sync(lambda: outs.append(call(*cuda_inputs)))
+    assert torch.isnan(outs[0]).any(), "bad cu_seqlens_q must be visible in the output (NaN)"
+
+
+def _checks_h_literals() -> list[str]:
+    """The longest string literal of each TORCH_CHECK message in csrc/checks.h."""
+    text = (ROOT / "csrc" / "checks.h").read_text()
+    found = []
+    for m in re.finditer(r"TORCH_CHECK\((.*?)\);", text, re.S):
+        literals = [s for s in re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1)) if s != "te_fast: "]
+        found.append(max(literals, key=len))
+    return found
+
+
+# Checks that need two devices: hit by test_op_device_mismatch on a GPU.
+DEVICE_CHECKS = (
+    " expects mask on ",
+    " expects dy and y on one device, got ",
+    " expects cu_seqlens on ",
+)
+
+
+def test_every_op_check_is_exercised():
+    """Each TORCH_CHECK of csrc/checks.h is raised by at least one case of the tables (on the
+    CPU here; the device checks by the GPU's device-mismatch cases, whose messages are checked
+    against them)."""
+    device = devices.require("cpu")
+    messages = [_message(fn) for fn, _ in bad_op_calls(device).values()]
+    messages += [_message(fn) for fn, _ in bad_op_values(device).values()]
+    for case in BAD_CU_SEQLENS:
+        for op in CONVERSIONS:
+            args, _ = _bad_cu_call(case, op, device)
+            try:
+                getattr(fast, op)(*args)
+            except RuntimeError as e:
+                messages.append(str(e))
+    device_messages = [m for _, m in _device_mismatch_calls("meta").values()]
+    missing = []
+    for literal in _checks_h_literals():
+        if literal in DEVICE_CHECKS:
+            if not any(literal in m for m in device_messages):
+                missing.append(literal)
+        elif not any(literal.replace('\\"', '"') in m for m in messages):
+            missing.append(literal)
+    assert not missing, f"checks of csrc/checks.h that no case raises: {missing}"
+    assert len(_checks_h_literals()) >= 20, "the TORCH_CHECK parser found too few checks"
+
+
+# ----------------------------------------------------------------------------- the module
+
+
+def _module_problems(device):
+    """problem -> (module constructor kwargs, (q, k, v), forward kwargs, exception, message,
+    whether te_ref has the same rule). Each breaks exactly one rule of te_fast/_call.py,
+    te_fast/attention.py or te_fast/fp8.py."""
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=g).to(device)
+
+    q, kv = randn(2, 5, 4, 8), randn(2, 5, 2, 8)
+    t, t2 = randn(5, 4, 8), randn(5, 2, 8)
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
+    pad = torch.zeros(2, 1, 1, 5, dtype=torch.bool, device=device)
+    base = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
+    thd = dict(qkv_layout="thd_thd_thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=3,
+               max_seqlen_kv=3, attn_mask_type="padding")  # fmt: skip
+    qkv = (q, kv, kv)
+    fp8 = {"recipe": DelayedScaling()}
+    V = ValueError
+    return {
+        # constructor
+        "ctor_softmax_type": (dict(softmax_type="sink"), qkv, base, V,
+                              "unknown softmax_type 'sink'; expected one of", False),
+        "ctor_attention_type": (dict(attention_type="both"), qkv, base, V,
+                                "attention_type must be 'self' or 'cross', got 'both'", False),
+        "ctor_dropout": (dict(attention_dropout=1.0), qkv, base, V,
+                         r"attention_dropout must be in \[0, 1\), got 1.0", False),
+        # the resolved call (te_ref has each of these rules, with the same message)
+        "unknown_layout": ({}, qkv, dict(base, qkv_layout="bshd_bshd"), V,
+                           "unknown qkv_layout 'bshd_bshd'; expected one of", True),
+        "unknown_mask": ({}, qkv, dict(base, attn_mask_type="slide"), V,
+                         "unknown attn_mask_type 'slide'; expected one of", True),
+        "unknown_bias": ({}, qkv, dict(base, core_attention_bias_type="bias"), V,
+                         "unknown core_attention_bias_type 'bias'; expected one of", True),
+        "module_softmax_type": ({"_softmax_type": "sink"}, qkv, base, V,
+                                "unknown softmax_type 'sink'; expected one of", True),
+        "module_attention_type": ({"_attention_type": "both"}, qkv, base, V,
+                                  "attention_type must be 'self' or 'cross'", True),
+        "q_rank": ({}, (q[0], kv, kv), base, V, r"query_layer in bshd must be 4-D, got shape "
+                   r"\(5, 4, 8\)", True),
+        "k_rank": ({}, (q, kv[0], kv), base, V, "key_layer in bshd must be 4-D", True),
+        "v_rank": ({}, (t, t2, t2[None]), dict(thd, cu_seqlens_kv=cu), V,
+                   "value_layer in thd must be 3-D", True),
+        "head_dims": ({}, (q, kv[..., :4], kv), base, V,
+                      "query and key head dims differ: 8 vs 4", True),
+        "kv_disagree": ({}, (q, kv, kv[:, :4]), base, V, r"key_layer \(2, 5, 2, 8\) and "
+                        r"value_layer \(2, 4, 2, 8\) must agree in everything but the head dim",
+                        True),
+        "heads": ({}, (q, randn(2, 5, 3, 8), randn(2, 5, 3, 8)), base, V,
+                  r"query heads \(4\) must be a multiple of key/value heads \(3\)", True),
+        "dtypes": ({}, (q, kv.double(), kv.double()), base, V,
+                   "query/key/value dtypes differ: torch.float32, torch.float64", True),
+        "batches": ({}, (q, kv[:1], kv[:1]), base, V,
+                    r"query batch \(2\) and key/value batch \(1\) differ", True),
+        "needs_cu_q": ({}, (t, t2, t2), dict(thd, cu_seqlens_q=None), V,
+                       r"qkv_layout 'thd_thd_thd' needs cu_seqlens_q \(int32 \[b \+ 1\]\)", True),
+        "needs_cu_kv": ({}, (t, t2, t2), dict(thd, cu_seqlens_kv=None), V,
+                        r"qkv_layout 'thd_thd_thd' needs cu_seqlens_kv \(int32", True),
+        "needs_cache_lengths": ({}, (t, kv, kv), dict(thd, qkv_layout="thd_bshd_bshd",
+                                cu_seqlens_kv=None), V,
+                                "needs cu_seqlens_kv: the filled length of each sequence", True),
+        "cu_not_tensor": ({}, (t, t2, t2), dict(thd, cu_seqlens_q=[0, 3, 5]), V,
+                          r"cu_seqlens_q must be an int32 tensor of shape \[b \+ 1\], got list",
+                          True),
+        "cu_int64": ({}, (t, t2, t2), dict(thd, cu_seqlens_q=cu.long()), V,
+                     r"cu_seqlens_q must be an int32 tensor of shape \[b \+ 1\], got torch.int64",
+                     True),
+        "cu_float": ({}, (t, t2, t2), dict(thd, cu_seqlens_kv=cu.float()), V,
+                     r"cu_seqlens_kv must be an int32 tensor of shape \[b \+ 1\], got "
+                     "torch.float32", True),
+        "cache_cu_shape": ({}, (t, kv, kv), dict(thd, qkv_layout="thd_bshd_bshd",
+                           cu_seqlens_kv=cu[:2]), V,
+                           r"cu_seqlens_kv must have shape \[b \+ 1\] = \[3\], got \(2,\)", True),
+        "max_seqlen_missing": ({}, (t, t2, t2), dict(thd, max_seqlen_q=None), V,
+                               "max_seqlen_q is required for the thd format of query_layer",
+                               True),
+        "max_seqlen_negative": ({}, (t, t2, t2), dict(thd, max_seqlen_kv=-1), V,
+                                "max_seqlen_kv must be a non-negative plain int, got -1", True),
+        "max_seqlen_tensor": ({}, (t, t2, t2), dict(thd, max_seqlen_q=torch.tensor(3)), V,
+                              "max_seqlen_q must be a non-negative plain int, got tensor", True),
+        "padding_no_lengths": ({}, qkv, dict(base, attn_mask_type="padding"), V,
+                               "attn_mask_type='padding' needs the sequence lengths", True),
+        "padding_cross_no_cu_kv": ({}, (q, kv[:, :3], kv[:, :3]),
+                                   dict(base, attn_mask_type="padding", cu_seqlens_q=cu), V,
+                                   "cross attention with padding needs cu_seqlens_kv as well",
+                                   True),
+        "padding_cu_shape": ({}, qkv, dict(base, attn_mask_type="padding",
+                             cu_seqlens_q=cu[:2]), V,
+                             r"cu_seqlens_q must have shape \[b \+ 1\] = \[3\]", True),
+        "padding_mask_not_pair": ({}, (q, kv[:, :3], kv[:, :3]),
+                                  dict(base, attn_mask_type="padding", attention_mask=pad), V,
+                                  r"sq \(5\) != skv \(3\): padding needs attention_mask as a pair",
+                                  True),
+        "padding_mask_triple": ({}, (q, kv[:, :3], kv[:, :3]),
+                                dict(base, attn_mask_type="padding",
+                                     attention_mask=(pad, pad, pad)), V,
+                                r"attention_mask for cross attention is a pair", True),
+        "padding_mask_dtype": ({}, qkv, dict(base, attn_mask_type="padding",
+                               attention_mask=pad.float()), V,
+                               r"padding attention_mask \(q\) must be bool \[2, 1, 1, 5\]", True),
+        "padding_mask_shape": ({}, qkv, dict(base, attn_mask_type="padding",
+                               attention_mask=pad[..., :4]), V,
+                               r"padding attention_mask \(q\) must be bool \[2, 1, 1, 5\], got "
+                               r"\(2, 1, 1, 4\)", True),
+        "arbitrary_no_mask": ({}, qkv, dict(base, attn_mask_type="arbitrary"), V,
+                              "attn_mask_type='arbitrary' needs attention_mask: a bool tensor",
+                              True),
+        "arbitrary_float_mask": ({}, qkv, dict(base, attn_mask_type="arbitrary",
+                                 attention_mask=torch.zeros(2, 4, 5, 5, device=device)), V,
+                                 "needs attention_mask: a bool tensor, True = masked", True),
+        "arbitrary_shape": ({}, qkv, dict(base, attn_mask_type="arbitrary",
+                            attention_mask=pad.expand(2, 1, 5, 5)[:, :, :, :4]), V,
+                            r"does not broadcast to \[b, h, sq, skv\] = \[2, 4, 5, 5\]", True),
+        "arbitrary_rank": ({}, qkv, dict(base, attn_mask_type="arbitrary",
+                           attention_mask=pad[0, 0]), V, r"attention_mask must be 4-D, got "
+                           r"\(1, 5\)", True),
+        "mask_with_causal": ({}, qkv, dict(base, attn_mask_type="causal", attention_mask=pad), V,
+                             "attention_mask is only used with padding\\* and 'arbitrary' mask "
+                             "types, not 'causal'", True),
+        "thd_with_mask": ({}, (t, t2, t2), dict(thd, attention_mask=pad), V,
+                          "thd layouts take sequence lengths from cu_seqlens, not "
+                          "attention_mask", True),
+        "bias_missing": ({}, qkv, dict(base, core_attention_bias_type="post_scale_bias"), V,
+                         "core_attention_bias_type='post_scale_bias' needs core_attention_bias",
+                         True),
+        "bias_shape": ({}, qkv, dict(base, core_attention_bias_type="pre_scale_bias",
+                       core_attention_bias=randn(2, 4, 5, 4)), V,
+                       r"core_attention_bias must have shape \[b\|1, h\|1, sq\|1, skv\] = "
+                       r"\[2\|1, 4\|1, 5\|1, 5\], got \(2, 4, 5, 4\)", True),
+        "bias_without_type": ({}, qkv, dict(base, core_attention_bias=randn(1, 1, 5, 5)), V,
+                              "core_attention_bias given with core_attention_bias_type="
+                              "'no_bias'", True),
+        "slopes_without_alibi": ({}, qkv, dict(base, alibi_slopes=randn(4)), V,
+                                 "alibi_slopes given without core_attention_bias_type='alibi'",
+                                 True),
+        "slopes_shape": ({}, qkv, dict(base, core_attention_bias_type="alibi",
+                         alibi_slopes=randn(3)), V,
+                         r"alibi_slopes must have shape \[4\] or \[2, 4\], got \(3,\)", True),
+        "learnable_without_offset": (dict(softmax_type="learnable"), qkv, base, V,
+                                     "softmax_type='learnable' needs softmax_offset", True),
+        "offset_with_vanilla": ({}, qkv, dict(base, softmax_offset=randn(4)), V,
+                                "softmax_offset given with softmax_type='vanilla'", True),
+        "offset_shape": (dict(softmax_type="learnable"), qkv,
+                         dict(base, softmax_offset=randn(2)), V,
+                         r"softmax_offset must have shape \[4\] or \[1, 4, 1, 1\], got \(2,\)",
+                         True),
+        "window_not_pair": ({}, qkv, dict(base, window_size=3), V,
+                            "window_size must be a pair of ints, got 3", True),
+        "window_negative": ({}, qkv, dict(base, window_size=(-2, 0)), V,
+                            r"window_size entries must be >= 0 or -1 \(unbounded\)", True),
+        "window_conflict": ({}, qkv, dict(base, attn_mask_type="causal", window_size=(2, 3)), V,
+                            r"window_size=\(2, 3\) conflicts with attn_mask_type='causal'",
+                            True),
+        # FP8 (te_fast's own)
+        "fp8_output_without_fp8": ({}, qkv, dict(base, fp8_output=True, fp8_meta=fp8), V,
+                                   "fp8_output=True needs fp8=True", False),
+        "fp8_without_recipe": ({}, qkv, dict(base, fp8=True), V,
+                               "fp8=True needs fp8_meta=", False),
+        "fp8_bad_recipe": ({}, qkv, dict(base, fp8=True, fp8_meta={"recipe": "hybrid"}), V,
+                           r"fp8_meta\['recipe'\] must be te_fast.fp8.DelayedScaling or "
+                           "CurrentScaling, got str", False),
+        "fp8_unsupported": ({}, qkv, dict(base, fp8=True, fp8_meta={"recipe": CurrentScaling()},
+                            core_attention_bias_type="post_scale_bias",
+                            core_attention_bias=randn(1, 1, 5, 5)), NotImplementedError,
+                            r"te_fast FP8 attention does not support \[\"core_attention_bias_"
+                            "type='post_scale_bias'\"\\]", False),
+    }  # fmt: skip
+
+
+MODULE_PROBLEMS = list(_module_problems("meta"))
+
+
+def _module_call(problem, device):
+    """(the call: construct the module and call it, the exception, the message)."""
+    ctor, (q, k, v), kwargs, exc, message, _ = _module_problems(device)[problem]
+
+    def call():
+        plain = {n: a for n, a in ctor.items() if not n.startswith("_")}
+        attn = te_fast.UnfusedDotProductAttention(0.35, **plain).to(device)
+        for name, value in ctor.items():  # an attribute set after construction
+            if name.startswith("_"):
+                setattr(attn, name[1:], value)
+        return attn(q, k, v, **kwargs)
+
+    return call, exc, message
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("problem", MODULE_PROBLEMS)
+def test_module_rule(problem, device_name):
+    """The module raises the rule's exception, with a message naming the argument and the form
+    it expects; te_ref raises the same message where it has the rule."""
+    _record(f"module:{problem}", device_name)
+    device = devices.require(device_name)
+    fn, exc, message = _module_call(problem, device)
+    with pytest.raises(exc, match=message):
+        fn()
+    ctor, (q, k, v), kwargs, _, _, shared = _module_problems(device)[problem]
+    if shared:
+        ref_kwargs = {n.lstrip("_"): a for n, a in ctor.items()}
+        with pytest.raises(ValueError, match=message):
+            te_ref.dot_product_attention(q, k, v, **ref_kwargs, **kwargs)
+
+
+def _raise_literals() -> list[tuple[str, str]]:
+    """(file, the longest string literal) of each exception message te_fast's Python builds:
+    every `raise X(...)` and every call of _err(...) in _call.py, attention.py and fp8.py."""
+    found = []
+    for name in ("_call.py", "attention.py", "fp8.py"):
+        tree = ast.parse((ROOT / "te_fast" / name).read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            func = node.func.id if isinstance(node.func, ast.Name) else None
+            if func not in ("_err", "ValueError", "NotImplementedError", "TypeError"):
+                continue
+            parts = [c.value for c in ast.walk(node.args[0])
+                     if isinstance(c, ast.Constant) and isinstance(c.value, str)]  # fmt: skip
+            if parts:
+                found.append((name, max(parts, key=len).strip()))
+    return found
+
+
+def test_every_module_rule_is_exercised():
+    """Each exception message of te_fast/_call.py, attention.py and fp8.py (found by parsing)
+    comes out of at least one problem of the table, on the CPU."""
+    device = devices.require("cpu")
+    messages = []
+    for problem in MODULE_PROBLEMS:
+        fn, _, _ = _module_call(problem, device)
+        try:
+            fn()
+        except (ValueError, RuntimeError) as e:
+            messages.append(str(e))
+    for bad in (dict(amax_compute_algo="mean"), dict(amax_history_len=0)):
+        with pytest.raises(ValueError) as info:
+            DelayedScaling(**bad)
+        messages.append(str(info.value))
+    # Float8Tensor's own constructor check, with te_fast's message
+    with pytest.raises(ValueError) as info:
+        te_fast.fp8.Float8Tensor(torch.zeros(2), torch.ones(()), torch.float32)
+    messages.append(str(info.value))
+    literals = _raise_literals()
+    assert len(literals) >= 40, f"the parser found only {len(literals)} messages"
+    missing = [(f, lit) for f, lit in literals if not any(lit in m for m in messages)]
+    assert not missing, f"rules no problem of the table raises: {missing}"

@@ -1,0 +1,79 @@
+"""Property-based contract fuzzing (hypothesis): every op and UnfusedDotProductAttention on drawn
+inputs. Per example: no output aliases an input, no input byte changes, the fake matches the
+real output, the numerics equal te_ref's under SPEC §6 (suites/fuzz_checks.py has the checks,
+suites/fuzz_strategies.py what is drawn and the profiles: TE_FUZZ_PROFILE=ci|gpu|explore).
+
+A failure prints hypothesis' shrunk "Falsifying example" and a ready-to-paste reproducer line.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from reports import record
+from suites import devices
+
+pytest.importorskip(
+    "hypothesis",
+    reason="hypothesis is not installed (pip install -e '.[test]'; on a machine without a "
+    "registry carry its wheels for that machine's Python, e.g. python -m pip download hypothesis "
+    "sortedcontainers --no-deps --only-binary=:all: --python-version 3.12 --platform "
+    "manylinux2014_x86_64 -d .whl, which tools/gpu_run.sh installs)",
+)
+
+from suites import fuzz_checks as fc  # noqa: E402
+from suites import fuzz_strategies as fs  # noqa: E402
+from suites.op_cases import SOFTMAX_OPS  # noqa: E402
+
+DEVICES = devices.device_params()
+
+
+def _record(what: str, device_name: str, kind: str) -> int:
+    n = fs.examples(device_name, kind)
+    record.case(impl="te_fast", layout=f"fuzz:{what}", device=device_name,
+                mask_type=f"{fs.profile_name()}:{n}")  # fmt: skip
+    return n
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("op", list(SOFTMAX_OPS))
+def test_fuzz_softmax(op, device_name):
+    """The forward op and its backward on drawn shapes, layouts, scales, masks and -inf."""
+    n = _record(op, device_name, "softmax")
+    devices.require(device_name)
+    fs.fuzz(fc.check_softmax_example, fs.softmax_examples(op, device_name), device_name, n,
+            explicit=fs.softmax_explicit(op))  # fmt: skip
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("direction", ["thd_to_bshd", "bshd_to_thd"])
+def test_fuzz_convert(direction, device_name, monkeypatch):
+    """THD<->BSHD on drawn ragged batches, dtypes and layouts; half the examples break one
+    cu_seqlens/length rule: an error on CPU, NaN-poisoned rows on CUDA (no debug checks)."""
+    n = _record(f"convert_{direction}", device_name, "convert")
+    devices.require(device_name)
+    monkeypatch.delenv("TE_FAST_DEBUG_CHECKS", raising=False)
+    fs.fuzz(fc.check_convert_example, fs.convert_examples(direction), device_name, n,
+            explicit=fs.convert_explicit(direction))  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["thd_to_bshd", "bshd_to_thd"])
+def test_fuzz_convert_debug_checks(direction, monkeypatch):
+    """CUDA with TE_FAST_DEBUG_CHECKS=1: bad cu_seqlens raise, naming the op and the argument."""
+    n = _record(f"convert_{direction}_debug", "cuda", "convert")
+    devices.require("cuda")
+    monkeypatch.setenv("TE_FAST_DEBUG_CHECKS", "1")
+    fs.fuzz(fc.check_convert_example, fs.convert_examples(direction), "cuda", n,
+            explicit=fs.convert_explicit(direction))  # fmt: skip
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("family", list(fs.FAMILIES))
+def test_fuzz_module(family, device_name):
+    """UnfusedDotProductAttention against te_ref over drawn layouts of the family, mask types,
+    windows, biases, softmax types, GQA groups and ragged lengths; no alias, inputs unchanged."""
+    n = _record(f"module_{family}", device_name, "module")
+    devices.require(device_name)
+    fs.fuzz(fc.check_module_example, fs.module_examples(family, device_name), device_name, n,
+            explicit=fs.module_explicit(family, device_name))  # fmt: skip
