@@ -7,8 +7,8 @@ from types import MappingProxyType
 
 import torch
 
+from te_fast import _eager, ops
 from te_fast import fp8 as fp8_lib
-from te_fast import ops
 from te_fast._call import SOFTMAX_TYPES, Call, resolve
 
 __all__ = ["UnfusedDotProductAttention"]
@@ -178,7 +178,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
     @classmethod
     def _softmax(cls, scores, masked, scale):
         if masked is None:
-            return ops.scaled_softmax(scores, scale)
+            return _eager.softmax("scaled_softmax_fwd", scores, None, scale)
         return cls._masked_softmax(scores, masked, scale)
 
     def _attention(self, call: Call, q, k, v):
@@ -209,13 +209,16 @@ class UnfusedDotProductAttention(torch.nn.Module):
         if call.softmax_type != "vanilla":
             probs = self._sink_softmax(call, scores, softmax_scale, masked)
         elif kernel_causal and not call.bottom_right:
-            probs = ops.scaled_upper_triang_masked_softmax(
-                scores.reshape(b * h, sq, skv), softmax_scale
-            ).view(b, h, sq, skv)
+            probs = _eager.softmax(
+                "scaled_upper_triang_masked_softmax_fwd", scores, None, softmax_scale,
+                rows=(b * h, sq, skv),
+            )  # fmt: skip
         elif kernel_causal:
-            probs = ops.scaled_aligned_causal_masked_softmax(scores, softmax_scale)
+            probs = _eager.softmax(
+                "scaled_aligned_causal_masked_softmax_fwd", scores, None, softmax_scale
+            )
         elif masked is None:
-            probs = ops.scaled_softmax(scores, softmax_scale)
+            probs = _eager.softmax("scaled_softmax_fwd", scores, None, softmax_scale)
         else:
             probs = self._masked_softmax(scores, masked, softmax_scale)
 
@@ -279,10 +282,14 @@ class UnfusedDotProductAttention(torch.nn.Module):
     def _masked_softmax(scores, masked, scale):
         b, h, sq, skv = scores.shape
         if masked.shape[1] == 1:  # one mask per batch element (or one for all)
-            return ops.scaled_masked_softmax(scores, masked.expand(-1, 1, sq, skv), scale)
+            return _eager.softmax(
+                "scaled_masked_softmax_fwd", scores, masked.expand(-1, 1, sq, skv), scale
+            )
         # per-head masks: give each (batch, head) row block its own "batch" entry
         per_head = masked.expand(b, h, sq, skv).reshape(b * h, 1, sq, skv)
-        probs = ops.scaled_masked_softmax(scores.reshape(b * h, 1, sq, skv), per_head, scale)
+        probs = _eager.softmax(
+            "scaled_masked_softmax_fwd", scores.reshape(b * h, 1, sq, skv), per_head, scale
+        )
         return probs.view(b, h, sq, skv)
 
     def _sink_softmax(self, call, scores, scale, masked):
@@ -299,7 +306,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             sink = call.softmax_offset.float().reshape(1, h, 1, 1).expand(b, h, sq, 1)
         ext = torch.cat([logits, sink], dim=-1)  # (b, h, sq, skv + 1)
         if masked is None:
-            probs = ops.scaled_softmax(ext, 1.0)
+            probs = _eager.softmax("scaled_softmax_fwd", ext, None, 1.0)
         else:
             m = masked.expand(-1, -1, sq, skv)
             keep_sink = torch.zeros(m.shape[:-1] + (1,), dtype=torch.bool, device=m.device)

@@ -1,0 +1,85 @@
+"""Host (CPU-side) overhead of UnfusedDotProductAttention forward+backward, te_fast vs composite.
+
+    python -m benchmarks.host_overhead [--layers 8] [--rounds 40] [--dtype bf16 fp32]
+
+Runs the benchmark's Layer stack (benchmarks/module_bench.py: a Linear producing bs3hd q/k/v, then
+causal attention) on the CPU at a tiny shape (b1 h2 s16 d8), where the kernels cost next to
+nothing and what is timed is Python, the dispatcher and autograd: the per-call cost that makes the
+small shape launch-bound on a GPU. te_fast and the eager composite run interleaved, `block`
+iterations at a time, so machine noise hits both alike. Time is the calling thread's CPU time
+(torch runs single-threaded here, and the autograd engine runs CPU backward on the calling
+thread), which other processes on a shared machine inflate far less than wall time. The figure
+is the median over rounds of that time per layer forward+backward, in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from benchmarks.cases import AttnShape
+from benchmarks.module_bench import make_stack
+
+SHAPE = AttnShape(b=1, h=2, s=16, d=8)
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _step(stack, x, do):
+    def step():
+        out = stack(x)
+        torch.autograd.grad(out, (x, *stack.parameters()), do)
+
+    return step
+
+
+def measure(dtype: torch.dtype, layers: int, rounds: int, block: int) -> dict[str, float]:
+    """{"te_fast": us, "composite": us}: median host time per layer forward+backward."""
+    torch.manual_seed(0)
+    x = torch.randn(SHAPE.b, SHAPE.s, SHAPE.h * SHAPE.d, dtype=dtype).requires_grad_()
+    do = torch.randn_like(x)
+    steps = {
+        name: _step(make_stack(SHAPE, layers, use_te, dtype, torch.device("cpu")), x, do)
+        for name, use_te in (("te_fast", True), ("composite", False))
+    }
+    for step in steps.values():
+        for _ in range(block):
+            step()
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(rounds):
+        order = list(steps) if r % 2 == 0 else list(reversed(steps))
+        for name in order:
+            step = steps[name]
+            t0 = time.thread_time()
+            for _ in range(block):
+                step()
+            samples[name].append((time.thread_time() - t0) * 1e6 / block / layers)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--block", type=int, default=10, help="iterations per timed sample")
+    p.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    head = f"{a.layers}x Linear+attn {SHAPE}, CPU, torch {torch.__version__}"
+    print(f"host time per layer forward+backward (median of {a.rounds} rounds), {head}")
+    for name in a.dtype:
+        res = measure(DTYPES[name], a.layers, a.rounds, a.block)
+        te, comp = res["te_fast"], res["composite"]
+        print(
+            f"  {name}: te_fast {te:7.1f} us  composite {comp:7.1f} us  "
+            f"te_fast - composite {te - comp:+7.1f} us  ratio {te / comp:.2f}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
