@@ -23,11 +23,10 @@
 //
 // Precision. fp16/bf16: the exponent works in base 2 with the scale folded in,
 // exp2(fma(x, scale * log2 e, -max)) with the hardware's ex2 (relative error about 2^-22), in
-// fp32, and the sums are fp32 (forward_row says more). fp32 data keep 24 bits without double
-// arithmetic per element: the argument x * c - max is held exactly as a float pair (exp_exact),
-// a thread's sum is compensated (Kahan), the sums across threads are double and 1 / sum is a
-// float pair. (The two-pass block kernel forms the argument in double, te_fast_rules::exp_shifted,
-// as on the CPU.)
+// fp32, and the sums are fp32 (forward_row says more). fp32 data keep the accurate expf of an
+// argument formed in double (te_fast_rules::exp_shifted, as on the CPU), and every sum and the
+// final scaling of fp32 data are double: its output keeps 24 bits. (A float-pair argument with
+// Kahan sums, tried on 2026-12-03, was 3-10 points faster but doubled the fp32 error ratios.)
 #pragma once
 
 #include <cooperative_groups.h>
@@ -264,37 +263,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// exp(x * c - shift) for fp32 data, exact to the expf's own error: x * c - shift is held as a
-// float pair d + lo (a two-product and a two-sum, with _rn intrinsics so that nothing is
-// contracted into an fma), and exp(d + lo) = exp(d) * (1 + lo) to well under an ulp, since
-// |lo| <= ulp(d). No double arithmetic and no conversions per element. -inf gives 0; a NaN or an
-// infinite shift gives NaN.
-__device__ __forceinline__ float exp_exact(float x, float c, float shift) {
-  const float p = __fmul_rn(x, c);
-  const float pe = __fmaf_rn(x, c, -p);  // x * c == p + pe
-  const float d = __fsub_rn(p, shift);
-  const float bp = __fsub_rn(d, p);  // two-sum of p and -shift: d + de == p - shift
-  const float ap = __fsub_rn(d, bp);
-  const float de = __fadd_rn(__fsub_rn(p, ap), __fsub_rn(-shift, bp));
-  const float ed = expf(d);
-  return fabsf(d) < INFINITY ? __fmaf_rn(ed, __fadd_rn(de, pe), ed) : ed;
-}
-
-// Compensated (Kahan) float sum: s - comp carries about twice the precision of s.
-struct KahanSum {
-  float s = 0.f;
-  float comp = 0.f;
-  __device__ __forceinline__ void add(float v) {
-    const float y = __fsub_rn(v, comp);
-    const float t = __fadd_rn(s, y);
-    comp = __fsub_rn(__fsub_rn(t, s), y);
-    s = t;
-  }
-  __device__ __forceinline__ double value() const {
-    return static_cast<double>(s) - static_cast<double>(comp);
-  }
-};
-
 // The forward computation of one row from this thread's chunks, however they are held:
 // chunk(k) gives chunk k as loaded, masked(k) the bits of its masked-out columns (explicit mask).
 // Columns at or past `limit` are masked (causal modes; 0 for a row past the end, which takes
@@ -356,15 +324,7 @@ __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row
   // fl(m * c) is the max of fl(x * c) when c > 0; all kept scores -inf: every e is 0.
   const float shift = mx == -INFINITY ? 0.f : (fast ? mx * c : mx);
   A part = 0;
-  if constexpr (kWide<T>) {
-    KahanSum ks;
-#pragma unroll
-    for (int e = 0; e < kE; ++e) {
-      v[e] = on >> e & 1u ? exp_exact(v[e], c, shift) : 0.f;
-      ks.add(v[e]);
-    }
-    part = ks.value();
-  } else if (fast) {
+  if (fast) {
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
       v[e] = fast_exp2(fmaf(v[e], c, -shift));
@@ -379,9 +339,6 @@ __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row
   }
   const A sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
   const A inv = sum == A(0) ? A(0) : A(1) / sum;  // fully masked row -> 0
-  // fp32: 1 / sum as a float pair, so that y = e * inv rounds once, as in double.
-  const float inv_hi = static_cast<float>(inv);
-  const float inv_lo = static_cast<float>(static_cast<double>(inv) - inv_hi);
   if (row >= a.rows) return;
   T* y = static_cast<T*>(a.y) + row * a.sk;
 #pragma unroll
@@ -390,10 +347,7 @@ __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row
     if (j0 >= a.sk) continue;
     float o[V];
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const float ev = v[k * V + e];
-      o[e] = kWide<T> ? __fmaf_rn(ev, inv_hi, __fmul_rn(ev, inv_lo)) : ev * inv_hi;
-    }
+    for (int e = 0; e < V; ++e) o[e] = static_cast<float>(v[k * V + e] * inv);
     Chunk<T, V>::store(y + j0, o);
   }
 }
@@ -641,13 +595,19 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>
   cluster_exit<C>();
 }
 
+// One reduction per row: successive rows take turns between two Slots, so that no thread (or
+// CTA of the cluster) writes a slot that another one still reads for the previous row.
 template <typename T, int V, int K, int G, int C, bool kUnused>
 __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>::kMinCtasPerSm)
     softmax_bwd_rows(SoftmaxBwdArgs a) {
   using S = Shape<V, K, G, C>;
-  __shared__ Slots<Acc<T>, S::kWarps> sum_slots;
+  __shared__ Slots<Acc<T>, S::kWarps> sum_slots[2];
+  int turn = 0;
   pipelined_rows<S::kRowsPerCta, C, G, BwdRow<T, V, K, G, C>>(
-      a, [&](const BwdRow<T, V, K, G, C>& r) { r.process(a, sum_slots); });
+      a, [&](const BwdRow<T, V, K, G, C>& r) {
+        r.process(a, sum_slots[turn]);
+        turn ^= 1;
+      });
   cluster_exit<C>();
 }
 
@@ -756,7 +716,9 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
       const uint32_t bits = load_kept<T, V>(x, j0, r, limit, v);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        v[e] = bits >> e & 1u ? static_cast<float>(exp_of<T>(v[e], c, t.m) * inv_acc) : 0.f;
+        v[e] = bits >> e & 1u && t.s != 0.0  // no kept finite score: all 0 (not -inf - -inf)
+                   ? static_cast<float>(exp_of<T>(v[e], c, t.m) * inv_acc)
+                   : 0.f;
       }
       Chunk<T, V>::store(y + j0, v);
     }
