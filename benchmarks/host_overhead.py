@@ -10,6 +10,10 @@ iterations at a time, so machine noise hits both alike. Time is the calling thre
 (torch runs single-threaded here, and the autograd engine runs CPU backward on the calling
 thread), which other processes on a shared machine inflate far less than wall time. The figure
 is the median over rounds of that time per layer forward+backward, in microseconds.
+
+--instructions counts instead (valgrind's callgrind through torch.utils.benchmark): instructions
+per layer forward+backward, deterministic to a fraction of a percent, so a before/after
+comparison holds on a loaded machine where wall and CPU time do not. Takes minutes.
 """
 
 from __future__ import annotations
@@ -59,6 +63,38 @@ def measure(dtype: torch.dtype, layers: int, rounds: int, block: int) -> dict[st
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+_SETUP = """
+import torch
+from benchmarks.cases import AttnShape
+from benchmarks.module_bench import make_stack
+torch.set_num_threads(1)
+torch.manual_seed(0)
+shape = AttnShape(b={b}, h={h}, s={s}, d={d})
+x = torch.randn({b}, {s}, {h} * {d}, dtype={dtype}).requires_grad_()
+do = torch.randn_like(x)
+stack = make_stack(shape, {layers}, {use_te}, {dtype}, torch.device("cpu"))
+wrt = (x, *stack.parameters())
+for _ in range(5):
+    torch.autograd.grad(stack(x), wrt, do)
+"""
+
+
+def instructions(dtype: str, layers: int, number: int) -> dict[str, float]:
+    """{"te_fast": n, "composite": n}: callgrind instructions per layer forward+backward."""
+    from torch.utils.benchmark import Timer
+
+    out = {}
+    for name, use_te in (("te_fast", True), ("composite", False)):
+        setup = _SETUP.format(
+            b=SHAPE.b, h=SHAPE.h, s=SHAPE.s, d=SHAPE.d, layers=layers, use_te=use_te,
+            dtype=str(DTYPES[dtype]),
+        )  # fmt: skip
+        timer = Timer("torch.autograd.grad(stack(x), wrt, do)", setup=setup)
+        stats = timer.collect_callgrind(number=number, collect_baseline=False)
+        out[name] = stats.counts(denoise=True) / number / layers
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--layers", type=int, default=8)
@@ -66,7 +102,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=10, help="iterations per timed sample")
     p.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    p.add_argument(
+        "--instructions", action="store_true", help="count instructions (callgrind) instead"
+    )
+    p.add_argument("--number", type=int, default=20, help="iterations counted (--instructions)")
     a = p.parse_args(argv)
+    if a.instructions:
+        print(f"callgrind instructions per layer forward+backward, {a.layers}x Linear+attn {SHAPE}")
+        for name in a.dtype:
+            res = instructions(name, a.layers, a.number)
+            te, comp = res["te_fast"], res["composite"]
+            print(
+                f"  {name}: te_fast {te:9.0f}  composite {comp:9.0f}  "
+                f"te_fast - composite {te - comp:+8.0f}  ratio {te / comp:.3f}",
+                flush=True,
+            )
+        return 0
     torch.set_num_threads(a.threads)
     head = f"{a.layers}x Linear+attn {SHAPE}, CPU, torch {torch.__version__}"
     print(f"host time per layer forward+backward (median of {a.rounds} rounds), {head}")

@@ -49,7 +49,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        rows = ctx.rows
+        rows, shape = ctx.rows, y.shape
         if rows is not None:
             dy, y = dy.reshape(rows), y.view(rows)
         if torch.is_grad_enabled():  # create_graph: through the op's registered double backward
@@ -58,7 +58,7 @@ class _Softmax(torch.autograd.Function):
             with _below_autograd():
                 dx = ctx.bwd(dy, y, ctx.scale)
         if rows is not None:
-            dx = dx.view(ctx.saved_tensors[0].shape)
+            dx = dx.view(shape)
         return dx, None, None, None, None, None
 
 

@@ -99,8 +99,12 @@ def test_wrong_op_is_marked_wrong(tmp_path, monkeypatch, capsys, op, broken, bad
 
 
 def test_wrong_module_is_marked_wrong(tmp_path, monkeypatch):
-    """The module's causal path goes through the upper-triangular op: break it."""
-    monkeypatch.setattr(te_fast.ops, "scaled_upper_triang_masked_softmax", _not_causal)
+    """The module's causal path goes through the upper-triangular op: break it where the module
+    takes it from (te_fast/_eager.py's table of forward and backward ops)."""
+    from te_fast import _eager
+
+    name = "scaled_upper_triang_masked_softmax_fwd"
+    monkeypatch.setitem(_eager._PAIRS, name, (_not_causal, _eager._PAIRS[name][1]))
     code, result = _run(tmp_path, "--only", "small")
     assert code == 1
     status = {r["impl"]: r["status"] for r in result["rows"]}
