@@ -963,7 +963,7 @@ cudaError_t launch_block(Kernel kernel, const Args& a, cudaStream_t stream) {
 // Short rows (up to 512 bytes: 256 fp16/bf16 or 128 fp32 columns, 16 threads at most) take the
 // register-pipelined kernel with two chunks a thread; longer rows the shared-memory staged one
 // with four. Measured on an H200 (2026-12-03, python -m benchmarks): the pipelined kernel is
-// 5-10 points of the copy ceiling faster up to 256 bf16 columns and slower beyond (62% against
+// 4-9 points of the copy ceiling faster up to 256 bf16 columns and slower beyond (62% against
 // 79% at 16K), where its clusters are twice as large.
 template <typename T, bool kMask>
 bool launch_short_rows(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
