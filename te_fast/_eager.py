@@ -28,6 +28,13 @@ def _op(name: str):
     return getattr(torch.ops.te_fast, name).default
 
 
+def _run(fwd, x, mask, scale, rows):
+    """fwd(x[, mask], scale), on x.reshape(rows) and viewed back to x's shape when rows is given."""
+    xr = x if rows is None else x.reshape(rows)
+    y = fwd(xr, scale) if mask is None else fwd(xr, mask, scale)
+    return y if rows is None else y.view(x.shape)
+
+
 class _Softmax(torch.autograd.Function):
     """y = fwd(x[, mask], scale) below autograd; dx = bwd(dy, y, scale).
 
@@ -38,10 +45,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, mask, scale, fwd, bwd, rows):
         with _below_autograd():
-            xr = x if rows is None else x.reshape(rows)
-            y = fwd(xr, scale) if mask is None else fwd(xr, mask, scale)
-            if rows is not None:
-                y = y.view(x.shape)
+            y = _run(fwd, x, mask, scale, rows)
         ctx.scale, ctx.bwd, ctx.rows = scale, bwd, rows
         ctx.save_for_backward(y)
         return y
@@ -80,12 +84,8 @@ def softmax(
         raise RuntimeError(UNAVAILABLE_REASON)
     fwd, bwd = _PAIRS[name]
     if _is_compiling() or _functorch_active():
-        xr = x if rows is None else x.reshape(rows)
-        y = fwd(xr, scale) if mask is None else fwd(xr, mask, scale)
-        return y if rows is None else y.view(x.shape)
+        return _run(fwd, x, mask, scale, rows)
     if torch.is_grad_enabled() and x.requires_grad:
         return _Softmax.apply(x, mask, scale, fwd, bwd, rows)
     with _below_autograd():  # nothing to record: what the registered kernel would redispatch to
-        xr = x if rows is None else x.reshape(rows)
-        y = fwd(xr, scale) if mask is None else fwd(xr, mask, scale)
-        return y if rows is None else y.view(x.shape)
+        return _run(fwd, x, mask, scale, rows)
