@@ -22,6 +22,7 @@ class TeFast(Adapter):
 
     name = "te_fast"
     dropout = validates_arguments = capturable = sync_free = True
+    supports_fp8 = True
 
     def unavailable_reason(self, device):
         import te_fast
