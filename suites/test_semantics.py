@@ -332,8 +332,8 @@ def _call_inputs(variant: Variant, mask_type: str, shape: str, dtype, device, le
     def zeros(*shape_):
         return torch.zeros(shape_, dtype=dtype, device=device)
 
-    def randn(*shape_):
-        return torch.randn(shape_, device=device).to(dtype)
+    def randn(*shape_):  # k requires grad: the forward a training step runs (autograd)
+        return torch.randn(shape_, device=device).to(dtype).requires_grad_()
 
     kwargs: dict = {"qkv_layout": variant.layout, "attn_mask_type": mask_type}
     if q_fmt == "thd":
