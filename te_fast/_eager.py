@@ -100,17 +100,13 @@ def softmax(
 # slice's dP and dS, are alive. Every row is computed by the same kernels as without chunks
 # (te_fast's softmax rows are batch-invariant), in the same order per slice.
 
-CHUNK_SCORE_BYTES = 512 * 2**20
-"""A chunk's [b, h, sq, skv] score tensor holds at most this many bytes (where the axes allow);
-score tensors up to it run in one piece, as before."""
 
-
-def chunk_bounds(b: int, h: int, sq: int, skv: int, itemsize: int):
+def chunk_bounds(b: int, h: int, sq: int, skv: int, itemsize: int, limit: int):
     """(axis, [(lo, hi), ...]) splitting the scores [b, h, sq, skv] into slices of at most
-    CHUNK_SCORE_BYTES along the batch axis (0), or the head axis (1) when there are fewer
-    batch elements than slices; None when one piece fits."""
+    ``limit`` bytes along the batch axis (0), or the head axis (1) when there are fewer batch
+    elements than slices; None when one piece fits."""
     total = b * h * sq * skv * itemsize
-    n = -(-total // CHUNK_SCORE_BYTES)
+    n = -(-total // max(limit, 1))
     if n <= 1:
         return None
     axis, size = (0, b) if b >= n else (1, h)

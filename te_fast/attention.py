@@ -67,7 +67,14 @@ class UnfusedDotProductAttention(torch.nn.Module):
     softmax_type="learnable" needs an offset per head: construct with num_attention_heads to own
     an ``nn.Parameter`` ``softmax_offset`` of shape [h] (initialised to zeros), or pass
     ``softmax_offset`` to forward (which then overrides the parameter).
+
+    score_chunk_bytes (te_fast's own, not Transformer Engine's): plain eager fp16/bf16 calls
+    (vanilla softmax, no bias, no dropout module, no max_logit) whose [b, h, sq, skv] scores pass
+    this many bytes run BMM1 -> softmax -> BMM2 and the backward in slices of at most that size
+    (te_fast/_eager.py chunked_core): less memory, more time. None (the default): whole tensors.
     """
+
+    score_chunk_bytes: int | None = None
 
     def __init__(
         self,
@@ -79,8 +86,19 @@ class UnfusedDotProductAttention(torch.nn.Module):
         softmax_type: str = "vanilla",
         return_max_logit: bool = False,
         num_attention_heads: int | None = None,
+        score_chunk_bytes: int | None = None,
     ):
         super().__init__()
+        if score_chunk_bytes is not None:
+            if (
+                isinstance(score_chunk_bytes, bool)
+                or not isinstance(score_chunk_bytes, int)
+                or (score_chunk_bytes <= 0)
+            ):
+                raise ValueError(
+                    f"score_chunk_bytes must be a positive int or None, got {score_chunk_bytes!r}"
+                )
+            self.score_chunk_bytes = score_chunk_bytes
         if softmax_type not in SOFTMAX_TYPES:
             raise ValueError(
                 f"unknown softmax_type {softmax_type!r}; expected one of {SOFTMAX_TYPES}"
@@ -231,16 +249,17 @@ class UnfusedDotProductAttention(torch.nn.Module):
         return out, logits.amax(dim=(0, 2, 3))  # (h,)
 
     def _chunk_plan(self, call, qh):
-        """_eager.chunk_bounds for a plain eager fp16/bf16 call whose whole-tensor steps hold
-        several score tensors at once (vanilla softmax, no bias, no dropout module, no max_logit);
-        None otherwise (and for scores that fit one chunk)."""
-        if not (
+        """_eager.chunk_bounds at score_chunk_bytes for a plain eager fp16/bf16 call (vanilla
+        softmax, no bias, no dropout module, no max_logit); None otherwise, when
+        score_chunk_bytes is None, and for scores that fit one slice."""
+        limit = self.score_chunk_bytes
+        if limit is None or not (
             qh.dtype in (torch.float16, torch.bfloat16) and call.softmax_type == "vanilla"
             and call.bias_type == "no_bias" and not self.return_max_logit
             and self.attention_dropout == 0.0 and _eager.chunking_allowed()
         ):  # fmt: skip
             return None
-        return _eager.chunk_bounds(call.b, call.h, call.sq, call.skv, qh.element_size())
+        return _eager.chunk_bounds(call.b, call.h, call.sq, call.skv, qh.element_size(), limit)
 
     @classmethod
     def _vanilla_softmax(cls, call, kernel_causal, scale, scores, masked):

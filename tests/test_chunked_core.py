@@ -1,9 +1,10 @@
-"""te_fast's chunked eager core (te_fast/_eager.py chunked_core): long fp16/bf16 training calls
-run BMM1 -> softmax -> BMM2 and the backward slice by slice along the batch or head axis, so
-that only one slice's scores (forward) or dP and dS (backward) sit beside P. The suites' shapes
-are small and never reach it on their own: here the chunk size is forced down, and every mask
-kernel, GQA, both layouts families and both split axes go through it, judged against te_ref
-under SPEC §6 (with the no-alias and no-mutation checks), and bit for bit against the
+"""te_fast's chunked eager core (te_fast/_eager.py chunked_core, opt-in through
+UnfusedDotProductAttention(score_chunk_bytes=...)): long fp16/bf16 training calls run
+BMM1 -> softmax -> BMM2 and the backward slice by slice along the batch or head axis, so
+that only one slice's scores (forward) or dP and dS (backward) sit beside P. The suites never
+set it: here it is set on the class (so for every module the adapter builds) small enough that
+every mask kernel, GQA, both layouts families and both split axes go through it, judged against
+te_ref under SPEC §6 (with the no-alias and no-mutation checks), and bit for bit against the
 whole-tensor path on the CPU (te_fast's rows are batch-invariant; CPU matmuls per slice are the
 same matmuls)."""
 
@@ -24,6 +25,7 @@ from suites.devices import device_params, require  # noqa: E402
 from suites.fuzz_checks import ModuleExample, check_module_example  # noqa: E402
 from suites.impls import ADAPTERS  # noqa: E402
 from te_fast import _eager  # noqa: E402
+from te_fast.attention import UnfusedDotProductAttention  # noqa: E402
 
 BASE = AttnCase(layout="bshd_bshd_bshd", dtype="bf16", mask_type="causal", device="cpu",
                 b=3, sq=19, skv=19, h=4, hg=4, d=16, dv=16)  # fmt: skip
@@ -54,7 +56,7 @@ def chunked(monkeypatch, request):
         calls.append(args[-1])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_eager, "CHUNK_SCORE_BYTES", SPLITS[request.param])
+    monkeypatch.setattr(UnfusedDotProductAttention, "score_chunk_bytes", SPLITS[request.param])
     monkeypatch.setattr(_eager, "chunked_core", spy)
     return calls
 
@@ -84,7 +86,7 @@ def test_chunked_core_equals_whole_tensor_path_on_cpu(name, chunked, monkeypatch
     case = CASES[name]
     out, _, grads = _results(case)
     assert chunked, "the chunked core did not run"
-    monkeypatch.setattr(_eager, "CHUNK_SCORE_BYTES", 2**62)
+    monkeypatch.setattr(UnfusedDotProductAttention, "score_chunk_bytes", None)
     out_whole, _, grads_whole = _results(case)
     assert len(chunked) == 1, "the whole-tensor run took the chunked core"
     assert torch.equal(out, out_whole)
@@ -118,11 +120,23 @@ def test_chunked_core_not_with_dropout_or_no_grad(chunked):
 
 
 def test_chunk_bounds():
-    assert _eager.chunk_bounds(2, 2, 4, 4, 2) is None  # fits one chunk
-    big = _eager.CHUNK_SCORE_BYTES
+    assert _eager.chunk_bounds(2, 2, 4, 4, 2, 512 << 20) is None  # fits one chunk
     # 16 x 32 x 2048 x 2048 bf16 = 4 GiB: 8 slices of 2 batch elements
-    assert _eager.chunk_bounds(16, 32, 2048, 2048, 2) == (0, [(2 * i, 2 * i + 2) for i in range(8)])
+    want = (0, [(2 * i, 2 * i + 2) for i in range(8)])
+    assert _eager.chunk_bounds(16, 32, 2048, 2048, 2, 512 << 20) == want
     # one batch element: slices of heads
-    axis, bounds = _eager.chunk_bounds(1, 8, 16384, 16384, 2)
+    axis, bounds = _eager.chunk_bounds(1, 8, 16384, 16384, 2, 512 << 20)
     assert axis == 1 and len(bounds) == 8 and all(hi - lo == 1 for lo, hi in bounds)
-    assert big == _eager.CHUNK_SCORE_BYTES
+
+
+def test_chunking_is_opt_in_and_checked(monkeypatch):
+    assert UnfusedDotProductAttention(0.25).score_chunk_bytes is None
+    assert UnfusedDotProductAttention(0.25, score_chunk_bytes=1 << 20).score_chunk_bytes == 1 << 20
+    for bad in (0, -1, 1.5, True, "1M"):
+        with pytest.raises(ValueError, match="score_chunk_bytes"):
+            UnfusedDotProductAttention(0.25, score_chunk_bytes=bad)
+    calls = []
+    monkeypatch.setattr(_eager, "chunked_core", lambda *a: calls.append(a))
+    q, k, v = (torch.randn(19, 3, 4, 16, dtype=torch.bfloat16) for _ in range(3))
+    UnfusedDotProductAttention(0.25)(q, k, v, qkv_layout="sbhd_sbhd_sbhd")
+    assert not calls  # the default: whole tensors
