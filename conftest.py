@@ -8,6 +8,7 @@ import torch
 
 from suites import pinning
 from suites.impls import ADAPTERS
+from suites.known_failures import KNOWN_FAILURES
 
 pytest_plugins = ["reports.plugin"]
 
@@ -26,6 +27,14 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     pinning.configure(config)
+
+
+def pytest_collection_modifyitems(config, items):
+    """suites/known_failures.py: recorded failures run as xfail with their reason."""
+    for item in items:
+        reason = KNOWN_FAILURES.get(item.nodeid)
+        if reason:
+            item.add_marker(pytest.mark.xfail(reason=f"known failure: {reason}", strict=False))
 
 
 @pytest.fixture(autouse=True)
