@@ -78,9 +78,10 @@ class Adapter:
         """Why the adapter cannot run on this machine right now (checked at run time)."""
         return None
 
-    def build(self, case: AttnCase, scale: float, dropout: float = 0.0) -> torch.nn.Module:
-        """A module computing the case's attention (what the compile suite compiles); ``dropout``
-        is the attention dropout probability in training mode (adapters with ``dropout`` only)."""
+    def build(self, case: AttnCase, scale: float | None, dropout: float = 0.0) -> torch.nn.Module:
+        """A module computing the case's attention (what the compile suite compiles); ``scale``
+        None asks for the implementation's default (dqk ** -0.5); ``dropout`` is the attention
+        dropout probability in training mode (adapters with ``dropout`` only)."""
         raise NotImplementedError
 
     def call(self, module, case: AttnCase, q, k, v, kwargs: dict):

@@ -13,6 +13,7 @@ from suites.cases import (
     AttnCase,
     broad_matrix,
     core_matrix,
+    default_scale_cases,
     thd_inference_cases,
     varlen_cases,
 )
@@ -25,6 +26,7 @@ MATRICES = {
     "broad": lambda dev: broad_matrix(dev, BROAD_COUNT[dev]),
     "thd_inference": lambda dev: thd_inference_cases(dev),
     "varlen": lambda dev: varlen_cases(dev),
+    "default_scale": lambda dev: default_scale_cases(dev),
 }
 
 
@@ -84,6 +86,12 @@ def test_thd_inference(adapter, case):
 @pytest.mark.matrix("varlen")
 def test_varlen(adapter, case):
     """Ragged batches: random, zero-length, one full sequence, tokens past cu_seqlens_q[-1]."""
+    check_case(adapter, case)
+
+
+@pytest.mark.matrix("default_scale")
+def test_default_scale(adapter, case):
+    """softmax_scale=None: the implementation's default is dqk ** -0.5 (MLA: dv != dqk)."""
     check_case(adapter, case)
 
 
