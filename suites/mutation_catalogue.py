@@ -218,7 +218,7 @@ _PY = [
         "dqk**-0.5 if softmax_scale is None else softmax_scale",
         "dv**-0.5 if softmax_scale is None else softmax_scale",
         "the default softmax_scale is dv ** -0.5, not dqk ** -0.5 (differs for MLA)",
-        (ATTENTION, FUZZ), k="mla or module",
+        (ATTENTION,), k="scale_default",
     ),
     # ---------------------------------------------------------------- te_fast/_eager.py
     Defect(
