@@ -108,7 +108,7 @@ _PY = [
         "        elif kernel_causal and not call.bottom_right:",
         "        elif kernel_causal and call.bottom_right:",
         "the kernel causal path swaps top-left and bottom-right (only differs when sq != skv)",
-        (ATTENTION,), k="causal and cross",
+        (ATTENTION, FUZZ), k="(causal and cross) or module",
     ),
     # ---------------------------------------------------------------- te_fast/attention.py
     Defect(
@@ -473,7 +473,9 @@ _CUDA = [
 DEFECTS: tuple[Defect, ...] = (*_PY, *_CPP, *_CUDA)
 BY_NAME: dict[str, Defect] = {d.name: d for d in DEFECTS}
 
-# name -> why the suites miss it. A known gap that is caught is reported, not failed.
+# name -> why the suites miss it. A known gap that is caught is reported, not failed: the
+# deterministic case matrices miss alias_one_token and causal_kernel_alignment_swap, and the
+# fuzz's fixed-seed draws catch them today (a hypothesis release may draw other examples).
 KNOWN_GAPS: dict[str, str] = {
     "dropout_in_eval": (
         "dropout semantics outside training: every dropout test runs the module in training "
@@ -491,5 +493,9 @@ KNOWN_GAPS: dict[str, str] = {
         "the path that hands causal masking to a kernel (no padding, vanilla softmax, no window "
         "or max_logit) with sq != skv is reached only by an fp16 GPU case, so the CPU matrix "
         "cannot tell the two alignments apart there"
+    ),
+    "cpu_row_offset_32bit": (
+        "32-bit offsets in the CPU kernels: no CPU case reaches 2^31 elements (test_large.py, "
+        "-m large, is GPU-only; a CPU one needs 8+ GiB and minutes on CI's 2 cores)"
     ),
 }
