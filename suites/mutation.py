@@ -536,7 +536,10 @@ def notes(outcomes: list[Outcome]) -> list[str]:
     caught_gaps = [o.name for o in outcomes if o.known_gap and o.result == CAUGHT]
     out = []
     if caught_gaps:
-        out.append(f"known gaps now caught (drop them from KNOWN_GAPS): {', '.join(caught_gaps)}")
+        out.append(
+            f"known gaps caught in this run: {', '.join(caught_gaps)} (drop a KNOWN_GAPS entry "
+            "once a deterministic case, not only a fuzz draw, catches it)"
+        )
     not_run = [o.name for o in outcomes if o.result == NOT_RUN]
     if not_run:
         out.append(f"{len(not_run)} defect(s) not run here (no device): {', '.join(not_run)}")
