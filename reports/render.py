@@ -545,6 +545,7 @@ def mutation_tables(matrix: dict) -> list[Table]:
         " (uncommitted changes)" if env.get("dirty") else ""
     )
     lines = [
+        *([matrix["partial"].upper()] if matrix.get("partial") else []),
         f"{counts or 'no defects'} in {matrix.get('total_s')} s; exit status "
         f"{matrix.get('exit_status')}; commit {commit}; {matrix.get('created_utc')} UTC",
         *(matrix.get("reasons") or []),

@@ -442,10 +442,13 @@ def run_mutations(
     keep: bool = False,
     known_gaps: dict[str, str] | None = None,
     progress=print,
+    on_outcome=None,
 ) -> list[Outcome]:
     """Run every defect whose device is in ``devices`` (the others are NOT RUN), ``jobs`` at a
     time in as many scratch copies, then re-run the killing tests without the defects.
-    known_gaps (default: the catalogue's KNOWN_GAPS) marks the survivors the suites may miss."""
+    known_gaps (default: the catalogue's KNOWN_GAPS) marks the survivors the suites may miss;
+    on_outcome(outcomes so far) is called after each defect (a partial kill matrix survives a
+    run that is stopped)."""
     known_gaps = KNOWN_GAPS if known_gaps is None else known_gaps
     log_dir.mkdir(parents=True, exist_ok=True)
     runnable = [d for d in defects if d.device in devices]
@@ -489,6 +492,8 @@ def run_mutations(
                 with lock:
                     done[0] += 1
                     progress(progress_line(o, done[0], len(runnable)))
+                    if on_outcome:
+                        on_outcome([outcomes[d.name] for d in defects if d.name in outcomes])
         caught = [o for o in outcomes.values() if o.result == CAUGHT]
         if caught:
             start = time.monotonic()
@@ -675,13 +680,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(defects)} defects, devices here: {', '.join(devices)}, {jobs} job(s), "
           f"whole-suite runs with -n {xdist}; logs in {out / 'mutation_logs'}")  # fmt: skip
     start = time.monotonic()
+    arguments = {k: v for k, v in vars(args).items() if k != "list"}
+
+    def partial(done: list[Outcome]) -> None:
+        matrix = kill_matrix(done, arguments, time.monotonic() - start)
+        matrix["partial"] = (
+            f"partial: {sum(o.result != NOT_RUN for o in done)} defects judged so far, "
+            "their killing tests not yet re-run without the defect"
+        )
+        write_outputs(matrix, out)
+
     outcomes = run_mutations(
         Project(ROOT), defects, devices=devices, jobs=jobs, xdist=xdist,
         log_dir=out / "mutation_logs",
         scratch=Path(args.scratch) if args.scratch else None, keep=args.keep,
+        on_outcome=partial,
     )  # fmt: skip
     total = time.monotonic() - start
-    matrix = kill_matrix(outcomes, {k: v for k, v in vars(args).items() if k != "list"}, total)
+    matrix = kill_matrix(outcomes, arguments, total)
     js, md = write_outputs(matrix, out)
     counts = ", ".join(f"{n} {r}" for r, n in matrix["counts"].items() if n)
     print(f"\n{counts}; total {total:.0f} s")

@@ -168,11 +168,12 @@ def _toy(tmp_path: Path) -> mut.Project:
     return mut.Project(root, suites, extension=False)
 
 
-def _run(tmp_path, defects, known_gaps=None, devices=("cpu",), jobs=1):
+def _run(tmp_path, defects, known_gaps=None, devices=("cpu",), jobs=1, on_outcome=None):
     project = _toy(tmp_path)
     outcomes = mut.run_mutations(
         project, defects, devices=devices, jobs=jobs, log_dir=tmp_path / "logs",
         scratch=tmp_path, known_gaps=known_gaps or {}, progress=lambda line: None,
+        on_outcome=on_outcome,
     )  # fmt: skip
     assert (project.root / "calc.py").read_text() == TOY_CODE, "the source tree was changed"
     return {o.name: o for o in outcomes}, outcomes
@@ -202,7 +203,12 @@ def test_harness_tells_caught_from_survived_error_and_not_run(tmp_path):
 
 
 def test_a_survivor_listed_as_known_gap_passes(tmp_path):
-    by, outcomes = _run(tmp_path, [CAUGHT_DEFECT, SURVIVOR], known_gaps={"unused_changed": "why"})
+    partial: list[list[str]] = []
+    by, outcomes = _run(
+        tmp_path, [CAUGHT_DEFECT, SURVIVOR], known_gaps={"unused_changed": "why"},
+        on_outcome=lambda done: partial.append([o.name for o in done]),
+    )  # fmt: skip
+    assert partial == [["add_subtracts"], ["add_subtracts", "unused_changed"]]  # after each one
     assert by["unused_changed"].result == mut.SURVIVED
     assert by["unused_changed"].known_gap == "why"
     assert mut.verdict(outcomes) == (0, [])
