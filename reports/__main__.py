@@ -25,7 +25,12 @@ from reports.verdict import Verdict
 
 BASELINE_DIR = Path("reports/baseline")
 # The suites that take --impl (their adapter axis): what `run --impl NAME` gates by default.
-IMPL_SUITES = ("suites/test_attention.py", "suites/test_compile.py")
+IMPL_SUITES = (
+    "suites/test_attention.py",
+    "suites/test_compile.py",
+    "suites/test_semantics.py",
+    "suites/test_dropout.py",
+)
 
 EPILOG = """\
 examples:
@@ -98,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME",
         help="gate this adapter (repeatable; suites/impls.py): passed to pytest, runs "
-        f"{' and '.join(IMPL_SUITES)} unless pytest paths are given, and compares with the "
+        f"{', '.join(IMPL_SUITES)} unless pytest paths are given, and compares with the "
         "adapter's own baseline",
     )
     run.add_argument(

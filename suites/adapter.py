@@ -16,6 +16,8 @@ from te_ref.layouts import ATTN_MASK_TYPES, LAYOUTS
 # flag is False.
 CAPABILITIES = {
     "dropout": "attention dropout in training mode, SPEC §2.6",
+    "dropout_ctx": "attention_dropout_ctx: dropout runs inside the context it gives (an RNG "
+    "tracker's fork), SPEC §4",
     "validates_arguments": "TE's argument checks, a ValueError naming the problem",
     "capturable": "CUDA-graph capture: torch.compile mode='reduce-overhead', cudagraphs backend",
     "sync_free": "no host synchronisation in the non-FP8 forward and backward, SPEC §3",
@@ -36,6 +38,7 @@ class Adapter:
     supports_max_logit = True
     supports_window = True
     dropout = False
+    dropout_ctx = False
     validates_arguments = False
     capturable = False
     sync_free = False
@@ -78,10 +81,14 @@ class Adapter:
         """Why the adapter cannot run on this machine right now (checked at run time)."""
         return None
 
-    def build(self, case: AttnCase, scale: float | None, dropout: float = 0.0) -> torch.nn.Module:
+    def build(
+        self, case: AttnCase, scale: float | None, dropout: float = 0.0, dropout_ctx=None
+    ) -> torch.nn.Module:
         """A module computing the case's attention (what the compile suite compiles); ``scale``
         None asks for the implementation's default (dqk ** -0.5); ``dropout`` is the attention
-        dropout probability in training mode (adapters with ``dropout`` only)."""
+        dropout probability in training mode (adapters with ``dropout`` only); ``dropout_ctx``,
+        when given, a callable returning the context manager dropout must run in (TE's
+        ``attention_dropout_ctx``; adapters with ``dropout_ctx`` only)."""
         raise NotImplementedError
 
     def call(self, module, case: AttnCase, q, k, v, kwargs: dict):

@@ -148,6 +148,32 @@ def core_matrix(device: str) -> list[AttnCase]:
     return cases
 
 
+def alignment_matrix(device: str) -> list[AttnCase]:
+    """Every mask type x bottom_right_diagonal (None, True, False) x shape (sq < skv, sq = skv,
+    sq > skv), no window, on bshd in the device's first dtype.
+
+    Why: the two causal alignments differ only when sq != skv (or with padding), and an
+    implementation may take another path for each mask type and alignment (te_fast hands causal
+    types without padding or window to its top-left or bottom-right causal kernel, and builds
+    an explicit mask otherwise). The other matrices reached the kernels with sq != skv only by
+    a random draw on the GPU; here every path meets every shape on every device.
+    """
+    s = SIZES[device]
+    shapes = {
+        "sq<skv": (s["sq"], s["skv"] + s["skv"] // 2 + 3),
+        "sq=skv": (s["sq"], s["skv"]),
+        "sq>skv": (s["sq"] + s["sq"] // 2 + 3, s["skv"]),
+    }
+    cases = []
+    for mask, diagonal, (sq, skv) in itertools.product(
+        ATTN_MASK_TYPES, (None, True, False), shapes.values()
+    ):
+        case = AttnCase("bshd_bshd_bshd", DEVICE_DTYPES[device][0], mask, device=device,
+                        bottom_right_diagonal=diagonal)  # fmt: skip
+        cases.append(replace(sized(case), sq=sq, skv=skv))
+    return cases
+
+
 def _axis_values(device: str):
     return {
         "layout": sorted(LAYOUTS),

@@ -21,20 +21,24 @@ class TeFast(Adapter):
     """te_fast.UnfusedDotProductAttention, eager."""
 
     name = "te_fast"
-    dropout = validates_arguments = capturable = sync_free = True
+    dropout = dropout_ctx = validates_arguments = capturable = sync_free = True
+    supports_fp8 = True
 
     def unavailable_reason(self, device):
         import te_fast
 
         return te_fast.device_unavailable_reason(device)
 
-    def build(self, case, scale, dropout=0.0):
+    def build(self, case, scale, dropout=0.0, dropout_ctx=None):
+        import contextlib
+
         from te_fast import UnfusedDotProductAttention
 
         return UnfusedDotProductAttention(
             scale,
             attention_type=case.attention_type,
             attention_dropout=dropout,
+            attention_dropout_ctx=dropout_ctx or contextlib.nullcontext,
             softmax_type=case.softmax_type,
             return_max_logit=case.return_max_logit,
             num_attention_heads=case.h if case.offset_via == "param" else None,
@@ -68,6 +72,8 @@ class TorchSdpa(Adapter):
     capturable = sync_free = True
     why_not = {
         "dropout": "the adapter does not pass dropout_p to scaled_dot_product_attention",
+        "dropout_ctx": "the adapter has no dropout (scaled_dot_product_attention takes no RNG "
+        "context either)",
         "validates_arguments": "it takes no qkv_layout, cu_seqlens, bias or window arguments to "
         "check: the adapter translates valid cases only",
     }
@@ -77,10 +83,12 @@ class TorchSdpa(Adapter):
         reasons = super().not_supported_reasons(case)
         if case.mask_type == "causal" and case.sq != case.skv:
             reasons.append("torch.sdpa is_causal is top-left only for square problems here")
+        if case.bottom_right_diagonal is not None:
+            reasons.append("torch.sdpa takes no bottom_right_diagonal (alignment override)")
         return reasons
 
-    def build(self, case, scale, dropout=0.0):
-        if dropout:
+    def build(self, case, scale, dropout=0.0, dropout_ctx=None):
+        if dropout or dropout_ctx is not None:
             raise NotImplementedError(self.lacks("dropout"))
         return _Sdpa(case, scale)
 

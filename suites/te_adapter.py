@@ -270,6 +270,8 @@ class TransformerEngine(Adapter):
     why_not = {
         "validates_arguments": "TE checks its arguments with assert statements and its own "
         "messages, not the ValueErrors this test matches",
+        "dropout_ctx": "not mapped: DotProductAttention takes no attention_dropout_ctx but "
+        "get_rng_state_tracker (a tracker whose fork() it enters); the adapter passes none",
         "capturable": "TE 2.0-2.18 wrap DotProductAttention.forward in no_torch_dynamo "
         "(torch._dynamo.disable), so torch.compile(fullgraph=True) cannot trace it; TE's own "
         "CUDA-graph route is make_graphed_callables",
@@ -309,7 +311,9 @@ class TransformerEngine(Adapter):
             raise RuntimeError(missing)
         return te
 
-    def build(self, case, scale, dropout=0.0):
+    def build(self, case, scale, dropout=0.0, dropout_ctx=None):
+        if dropout_ctx is not None:
+            raise NotImplementedError(self.lacks("dropout_ctx"))
         te = self._te()
         takes = accepted(te.DotProductAttention.__init__)
         return te.DotProductAttention(**te_init_kwargs(case, scale, dropout, takes)).to(case.device)

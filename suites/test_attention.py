@@ -11,6 +11,7 @@ from suites import contracts, devices
 from suites.attention_check import check_case, prepare, run_impl
 from suites.cases import (
     AttnCase,
+    alignment_matrix,
     broad_matrix,
     core_matrix,
     default_scale_cases,
@@ -26,6 +27,7 @@ MATRICES = {
     "broad": lambda dev: broad_matrix(dev, BROAD_COUNT[dev]),
     "thd_inference": lambda dev: thd_inference_cases(dev),
     "varlen": lambda dev: varlen_cases(dev),
+    "alignment": lambda dev: alignment_matrix(dev),
     "default_scale": lambda dev: default_scale_cases(dev),
 }
 
@@ -86,6 +88,13 @@ def test_thd_inference(adapter, case):
 @pytest.mark.matrix("varlen")
 def test_varlen(adapter, case):
     """Ragged batches: random, zero-length, one full sequence, tokens past cu_seqlens_q[-1]."""
+    check_case(adapter, case)
+
+
+@pytest.mark.matrix("alignment")
+def test_alignment(adapter, case):
+    """Every mask type x alignment override x (sq < skv, sq = skv, sq > skv): each path an
+    implementation takes for a mask type and alignment meets every shape, on CPU too."""
     check_case(adapter, case)
 
 

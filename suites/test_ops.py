@@ -27,8 +27,8 @@ from te_fast import ops as fast
 # sk % V == 0, else 1): 16 and 40 (two threads per row, whole and partial chunks), 128 and 256
 # (4 and 8 lanes per row), 1000 (a warp, last chunk partial), 4096 (one 128-thread CTA), 16384
 # (a 512-thread CTA; a 2-CTA cluster for fp32), 20000 (2-CTA cluster for 16-bit, 4 for fp32),
-# 33000 (4- and 8-CTA clusters; the backward's two-pass kernel for fp32), 70000 (an 8-CTA cluster
-# for the 16-bit forward; the two-pass kernels elsewhere), 131080 (past every register shape:
+# 33000 (4- and 8-CTA clusters; for the fp32 backward the 8-CTA cluster of four chunks a
+# thread), 70000 (an 8-CTA cluster for the 16-bit forward; the two-pass kernels elsewhere), 131080 (past every register shape:
 # two-pass). One element per access: 1, 7, 17, 500 (16-bit), 1023, 4099.
 ROW_LENGTHS = (
     1, 7, 16, 17, 40, 128, 256, 500, 1000, 1023, 4096, 4099, 16384, 20000, 33000, 70000, 131080

@@ -89,3 +89,104 @@ def softmax(
         return _Softmax.apply(x, mask, scale, fwd, bwd, rows)
     with _below_autograd():  # nothing to record: what the registered kernel would redispatch to
         return _run(fwd, x, mask, scale, rows)
+
+
+# ----------------------------------------------------------------------------- chunked core
+# Eager training at long sequence lengths is bound by memory, not time: an unfused attention
+# holds the probabilities P for the backward (one [b, h, sq, skv] tensor), and whole-tensor
+# steps add the scores next to P in the forward and dP and dS next to P in the backward, three
+# such tensors at once. The chunked core runs BMM1 -> softmax -> BMM2 and its backward slice by
+# slice along the batch (or head) axis, so that besides P only one slice's scores, or one
+# slice's dP and dS, are alive. Every row is computed by the same kernels as without chunks
+# (te_fast's softmax rows are batch-invariant), in the same order per slice.
+
+CHUNK_SCORE_BYTES = 512 * 2**20
+"""A chunk's [b, h, sq, skv] score tensor holds at most this many bytes (where the axes allow);
+score tensors up to it run in one piece, as before."""
+
+
+def chunk_bounds(b: int, h: int, sq: int, skv: int, itemsize: int):
+    """(axis, [(lo, hi), ...]) splitting the scores [b, h, sq, skv] into slices of at most
+    CHUNK_SCORE_BYTES along the batch axis (0), or the head axis (1) when there are fewer
+    batch elements than slices; None when one piece fits."""
+    total = b * h * sq * skv * itemsize
+    n = -(-total // CHUNK_SCORE_BYTES)
+    if n <= 1:
+        return None
+    axis, size = (0, b) if b >= n else (1, h)
+    n = min(n, size)
+    if n <= 1:
+        return None
+    edges = [size * i // n for i in range(n + 1)]
+    return axis, list(zip(edges[:-1], edges[1:]))
+
+
+def _take(t, axis, lo, hi):
+    """t[lo:hi] along axis (0 or 1) when t has that axis in full, else t (broadcast)."""
+    if t is None or t.shape[axis] == 1:
+        return t
+    return t[lo:hi] if axis == 0 else t[:, lo:hi]
+
+
+def _chunked_forward(q, k, v, mask, softmax, axis, bounds):
+    """(o [b, h, sq, dv], [P of each slice]): softmax(q k^T) v, slice by slice."""
+    probs, outs = [], []
+    for lo, hi in bounds:
+        scores = torch.matmul(_take(q, axis, lo, hi), _take(k, axis, lo, hi).transpose(-2, -1))
+        p = softmax(scores, _take(mask, axis, lo, hi))
+        del scores  # only one slice's scores at a time
+        probs.append(p)
+        outs.append(torch.matmul(p, _take(v, axis, lo, hi)))
+    return torch.cat(outs, dim=axis), probs
+
+
+class _ChunkedCore(torch.autograd.Function):
+    """o = softmax(q k^T) v over slices, P saved per slice; the backward, slice by slice:
+    dV = P^T dO, dP = dO V^T, dS = <softmax>_bwd(dP, P, scale), dQ = dS K, dK = dS^T Q."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, softmax, bwd, scale, axis, bounds):
+        with _below_autograd():
+            o, probs = _chunked_forward(q, k, v, mask, softmax, axis, bounds)
+        ctx.save_for_backward(q, k, v, *probs)
+        ctx.bwd, ctx.scale, ctx.axis, ctx.bounds = bwd, scale, axis, bounds
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do):
+        q, k, v, *probs = ctx.saved_tensors
+        axis = ctx.axis
+        dq, dk, dv = [], [], []
+        with _below_autograd():
+            for (lo, hi), p in zip(ctx.bounds, probs):
+                do_c = do[lo:hi] if axis == 0 else do[:, lo:hi]
+                q_c, k_c, v_c = (_take(t, axis, lo, hi) for t in (q, k, v))
+                dv.append(torch.matmul(p.transpose(-2, -1), do_c))
+                dp = torch.matmul(do_c, v_c.transpose(-2, -1))
+                ds = ctx.bwd(dp, p, ctx.scale)
+                del dp  # only one slice's dP and dS at a time
+                dq.append(torch.matmul(ds, k_c))
+                dk.append(torch.matmul(ds.transpose(-2, -1), q_c))
+                del ds
+        cat = [torch.cat(g, dim=axis) for g in (dq, dk, dv)]
+        return (*cat, None, None, None, None, None, None)
+
+
+def chunked_core(q, k, v, mask, softmax, scale, plan):
+    """softmax(q k^T) v [b, h, sq, dv] over the slices of ``plan`` (chunk_bounds), for plain
+    eager calls. q/k/v [b, h, s, d] (k and v with h heads); mask: what ``softmax(scores,
+    mask)`` takes, sliced with the scores where it is not broadcast on that axis; the
+    backward uses scaled_softmax_bwd (every te_fast softmax has the same backward)."""
+    axis, bounds = plan
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        bwd = _PAIRS["scaled_softmax_fwd"][1]
+        return _ChunkedCore.apply(q, k, v, mask, softmax, bwd, scale, axis, bounds)
+    with _below_autograd():
+        return _chunked_forward(q, k, v, mask, softmax, axis, bounds)[0]
+
+
+def chunking_allowed() -> bool:
+    """The chunked core is for plain eager calls: traces (torch.compile, export, functorch)
+    see the whole-tensor ops, as before."""
+    return not (_is_compiling() or _functorch_active())

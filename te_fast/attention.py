@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from types import MappingProxyType
 
 import torch
@@ -182,10 +183,22 @@ class UnfusedDotProductAttention(torch.nn.Module):
         return cls._masked_softmax(scores, masked, scale)
 
     def _attention(self, call: Call, q, k, v):
-        b, sq, skv, h = call.b, call.sq, call.skv, call.h
-        scale = call.scale
+        h, scale = call.h, call.scale
         qh, kh, vh = _heads_first_qkv(call, q, k, v)
         kh, vh = _repeat_kv(kh, h), _repeat_kv(vh, h)  # (b, h, skv, d): GQA/MQA
+
+        kernel_causal = (
+            call.causal and call.lengths_q is None and call.window[0] < 0
+            and call.attn_mask_type != "arbitrary" and call.softmax_type == "vanilla"
+            and not self.return_max_logit
+        )  # fmt: skip
+        masked = None if kernel_causal else self._mask(call, q.device)
+
+        plan = self._chunk_plan(call, qh)
+        if plan is not None:  # eager training at long lengths: slice by slice, less memory
+            softmax = functools.partial(self._vanilla_softmax, call, kernel_causal, scale)
+            o = _eager.chunked_core(qh, kh, vh, masked, softmax, scale, plan)
+            return self._output(call, o)
 
         # BMM1 and bias; `softmax_scale` is what the softmax kernel still has to apply (in fp32).
         scores = _bmm(qh, kh.transpose(-2, -1))  # (b, h, sq, skv)
@@ -199,28 +212,10 @@ class UnfusedDotProductAttention(torch.nn.Module):
             scores = scores * scale + self._alibi(call, q.device).to(scores.dtype)
             softmax_scale = 1.0
 
-        kernel_causal = (
-            call.causal and call.lengths_q is None and call.window[0] < 0
-            and call.attn_mask_type != "arbitrary" and call.softmax_type == "vanilla"
-            and not self.return_max_logit
-        )  # fmt: skip
-        masked = None if kernel_causal else self._mask(call, q.device)
-
         if call.softmax_type != "vanilla":
             probs = self._sink_softmax(call, scores, softmax_scale, masked)
-        elif kernel_causal and not call.bottom_right:
-            probs = _eager.softmax(
-                "scaled_upper_triang_masked_softmax_fwd", scores, None, softmax_scale,
-                rows=(b * h, sq, skv),
-            )  # fmt: skip
-        elif kernel_causal:
-            probs = _eager.softmax(
-                "scaled_aligned_causal_masked_softmax_fwd", scores, None, softmax_scale
-            )
-        elif masked is None:
-            probs = _eager.softmax("scaled_softmax_fwd", scores, None, softmax_scale)
         else:
-            probs = self._masked_softmax(scores, masked, softmax_scale)
+            probs = self._vanilla_softmax(call, kernel_causal, softmax_scale, scores, masked)
 
         if self.attention_dropout > 0.0:
             with self.attention_dropout_ctx():
@@ -234,6 +229,34 @@ class UnfusedDotProductAttention(torch.nn.Module):
         if masked is not None:
             logits = logits.masked_fill(masked, float("-inf"))
         return out, logits.amax(dim=(0, 2, 3))  # (h,)
+
+    def _chunk_plan(self, call, qh):
+        """_eager.chunk_bounds for a plain eager fp16/bf16 call whose whole-tensor steps hold
+        several score tensors at once (vanilla softmax, no bias, no dropout module, no max_logit);
+        None otherwise (and for scores that fit one chunk)."""
+        if not (
+            qh.dtype in (torch.float16, torch.bfloat16) and call.softmax_type == "vanilla"
+            and call.bias_type == "no_bias" and not self.return_max_logit
+            and self.attention_dropout == 0.0 and _eager.chunking_allowed()
+        ):  # fmt: skip
+            return None
+        return _eager.chunk_bounds(call.b, call.h, call.sq, call.skv, qh.element_size())
+
+    @classmethod
+    def _vanilla_softmax(cls, call, kernel_causal, scale, scores, masked):
+        """The te_fast softmax op for a vanilla row: a causal kernel (no mask tensor) where
+        kernel_causal, else the plain or the explicitly masked softmax."""
+        if kernel_causal and not call.bottom_right:
+            b, h, sq, skv = scores.shape
+            return _eager.softmax(
+                "scaled_upper_triang_masked_softmax_fwd", scores, None, scale,
+                rows=(b * h, sq, skv),
+            )  # fmt: skip
+        if kernel_causal:
+            return _eager.softmax("scaled_aligned_causal_masked_softmax_fwd", scores, None, scale)
+        if masked is None:
+            return _eager.softmax("scaled_softmax_fwd", scores, None, scale)
+        return cls._masked_softmax(scores, masked, scale)
 
     @staticmethod
     def _band(call, device):

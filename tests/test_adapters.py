@@ -30,6 +30,7 @@ def test_sdpa_lacks_dropout_and_validation_with_reasons():
     sdpa = ADAPTERS["torch.sdpa"]
     assert sdpa.lacks("capturable") is None and sdpa.lacks("sync_free") is None
     assert "does not pass dropout_p" in sdpa.lacks("dropout")
+    assert sdpa.lacks("dropout_ctx").startswith("torch.sdpa lacks dropout_ctx")
     assert sdpa.lacks("validates_arguments").startswith("torch.sdpa lacks validates_arguments")
 
 

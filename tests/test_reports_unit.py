@@ -347,8 +347,9 @@ def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, mon
     assert main([*args, "-n", "2"]) == 2  # no such baseline: a clear exit 2, not "missing cases"
     text = capsys.readouterr().out
     assert "no baseline at reports/baseline/h200.transformer_engine.json" in text, text
-    assert commands[0][-6:] == ["--impl", "transformer_engine", "-n", "2",
-                                "suites/test_attention.py", "suites/test_compile.py"]  # fmt: skip
+    assert commands[0][-8:] == ["--impl", "transformer_engine", "-n", "2",
+                                "suites/test_attention.py", "suites/test_compile.py",
+                                "suites/test_semantics.py", "suites/test_dropout.py"]  # fmt: skip
     main([*args, "--", "suites/test_attention.py::test_core", "-x"])
     assert commands[1][-4:] == ["--impl", "transformer_engine",
                                 "suites/test_attention.py::test_core", "-x"]  # fmt: skip

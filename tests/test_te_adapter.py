@@ -331,6 +331,7 @@ def test_declared_capabilities(te):
     assert ADAPTER.lacks("dropout") is None and ADAPTER.lacks("sync_free") is None
     assert "assert statements" in ADAPTER.lacks("validates_arguments")
     assert "no_torch_dynamo" in ADAPTER.lacks("capturable")
+    assert "get_rng_state_tracker" in ADAPTER.lacks("dropout_ctx")
     with pytest.raises(ValueError, match="unknown capability"):
         ADAPTER.lacks("dropuot")
 

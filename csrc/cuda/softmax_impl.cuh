@@ -413,9 +413,9 @@ struct BwdRow {
       g[k].unpack(gf);
       p[k].unpack(pf);
 #pragma unroll
-      for (int e = 0; e < V; ++e) part += gf[e] * pf[e];
+      for (int e = 0; e < V; ++e) part += te_fast_rules::bwd_product<kWide<T>>(gf[e], pf[e]);
     }
-    const float dot = static_cast<float>(row_reduce<G, C>(part, SumOp{}, sum_slots));
+    const Acc<T> dot = row_reduce<G, C>(part, SumOp{}, sum_slots);
     if (row >= a.rows) return;
     T* dx = static_cast<T*>(a.dx) + row * a.sk;
 #pragma unroll
@@ -427,7 +427,9 @@ struct BwdRow {
       g[k].unpack(gf);
       p[k].unpack(pf);
 #pragma unroll
-      for (int e = 0; e < V; ++e) gf[e] = a.scale * pf[e] * (gf[e] - dot);
+      for (int e = 0; e < V; ++e) {
+        gf[e] = te_fast_rules::bwd_element<kWide<T>>(gf[e], pf[e], dot, a.scale);
+      }
       Chunk<T, V>::store(dx + j0, gf);
     }
   }
@@ -595,10 +597,17 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>
   cluster_exit<C>();
 }
 
+// CTAs per SM the backward's register budget is sized for: a thread holds two rows of dy and y
+// chunks (4 * K * V floats); up to 32 bytes of each per row it keeps the shape's 1024 threads per
+// SM (64 registers), the longer fp32 shape (4 chunks of 4) takes one 512-thread CTA and 128.
+template <typename T, int V, int K, int G, int C>
+constexpr int kBwdMinCtasPerSm =
+    K * V * static_cast<int>(sizeof(T)) > 32 ? 1 : Shape<V, K, G, C>::kMinCtasPerSm;
+
 // One reduction per row: successive rows take turns between two Slots, so that no thread (or
 // CTA of the cluster) writes a slot that another one still reads for the previous row.
 template <typename T, int V, int K, int G, int C, bool kUnused>
-__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>::kMinCtasPerSm)
+__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, kBwdMinCtasPerSm<T, V, K, G, C>)
     softmax_bwd_rows(SoftmaxBwdArgs a) {
   using S = Shape<V, K, G, C>;
   __shared__ Slots<Acc<T>, S::kWarps> sum_slots[2];
@@ -746,9 +755,9 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArg
       float p[V];
       load_pair(j0, g, p);
 #pragma unroll
-      for (int e = 0; e < V; ++e) part += g[e] * p[e];
+      for (int e = 0; e < V; ++e) part += te_fast_rules::bwd_product<kWide<T>>(g[e], p[e]);
     }
-    const float dot = static_cast<float>(row_reduce<kBlockThreads, 1>(part, SumOp{}, slots));
+    const Acc<T> dot = row_reduce<kBlockThreads, 1>(part, SumOp{}, slots);
     __syncthreads();  // the slots are reused by the next row
     T* dx = static_cast<T*>(a.dx) + row * a.sk;
     for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
@@ -756,7 +765,9 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArg
       float p[V];
       load_pair(j0, g, p);
 #pragma unroll
-      for (int e = 0; e < V; ++e) g[e] = a.scale * p[e] * (g[e] - dot);
+      for (int e = 0; e < V; ++e) {
+        g[e] = te_fast_rules::bwd_element<kWide<T>>(g[e], p[e], dot, a.scale);
+      }
       Chunk<T, V>::store(dx + j0, g);
     }
   }
@@ -997,11 +1008,25 @@ cudaError_t softmax_fwd_typed(const SoftmaxFwdArgs& a, cudaStream_t stream) {
   return softmax_fwd_masked<T, false>(a, stream);
 }
 
+// fp32 rows of 32K..64K columns: one more cluster shape, four chunks of dy and y a thread (the
+// two-pass kernel reads every row twice: 59% of the copy ceiling at 64K on 2026-12-03).
+template <typename T>
+bool launch_long_fp32_bwd(const SoftmaxBwdArgs& a, cudaStream_t stream, cudaError_t& err) {
+  if constexpr (kWide<T>) {
+    return clusters_supported() && try_shape<BwdKernel, T, kVec<T>, 4, 512, 8, false>(a, stream, err);
+  } else {
+    return false;
+  }
+}
+
 template <typename T>
 cudaError_t softmax_bwd_typed(const SoftmaxBwdArgs& a, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   if (chunks_fit<T>(a, kVec<T>)) {
-    if (launch_registers<BwdKernel, T, kVec<T>, 2, false>(a, stream, err)) return err;
+    if (launch_registers<BwdKernel, T, kVec<T>, 2, false>(a, stream, err) ||
+        launch_long_fp32_bwd<T>(a, stream, err)) {
+      return err;
+    }
     return launch_block(softmax_bwd_block<T, kVec<T>>, a, stream);
   }
   if (launch_registers<BwdKernel, T, 1, 8, false>(a, stream, err)) return err;
