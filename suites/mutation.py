@@ -25,6 +25,7 @@ the catalogue; 1 on an error or an unlisted survivor; 2 when nothing could run.
 from __future__ import annotations
 
 import argparse
+import builtins
 import datetime
 import importlib.util
 import json
@@ -35,6 +36,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import symtable
 import sys
 import tempfile
 import threading
@@ -137,6 +139,36 @@ def summary_ids(output: str, kinds: tuple[str, ...]) -> list[str]:
         if m and m.group(1) in kinds:
             ids.append(m.group(2).split(" ")[0] if m.group(1) == "SKIPPED" else m.group(2))
     return ids
+
+
+def undefined_names(source: str, filename: str) -> set[str]:
+    """Global names that the module's code reads but nothing defines (symtable, no import):
+    a Python defect that reads a name the code no longer has would fail every test with a
+    NameError, a kill that says nothing about the suites."""
+    top = symtable.symtable(source, filename, "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    defined |= set(dir(builtins)) | {"__file__", "__name__", "__doc__"}
+    used, scopes = set(), [top]
+    while scopes:
+        scope = scopes.pop()
+        scopes.extend(scope.get_children())
+        used |= {
+            s.get_name() for s in scope.get_symbols()
+            if s.is_referenced() and (scope is top or s.is_global())
+        }  # fmt: skip
+    return used - defined
+
+
+def python_defect_problem(original: str, mutated: str, filename: str) -> str | None:
+    """Why a Python defect cannot be judged: it does not compile or reads undefined names."""
+    try:
+        compile(mutated, filename, "exec")
+    except SyntaxError as e:
+        return f"the defect does not compile: {e}"
+    new = undefined_names(mutated, filename) - undefined_names(original, filename)
+    if new:
+        return f"the defect reads undefined names: {', '.join(sorted(new))}"
+    return None
 
 
 # ----------------------------------------------------------------------------- scratch copies
@@ -319,10 +351,9 @@ class Workspace:
             return
         mutated = original.replace(defect.old, defect.new)
         if not defect.native:
-            try:
-                compile(mutated, defect.path, "exec")
-            except SyntaxError as e:
-                out.result, out.detail = ERROR, f"the defect does not compile: {e}"
+            problem = python_defect_problem(original, mutated, defect.path)
+            if problem:
+                out.result, out.detail = ERROR, problem
                 return
         try:
             _write(target, mutated)

@@ -78,14 +78,12 @@ _PY = [
     ),
     Defect(
         "alias_one_token", "cpu", "te_fast/attention.py",
-        "        b, sq, skv, h = call.b, call.sq, call.skv, call.h\n"
-        "        scale = call.scale\n"
+        "        h, scale = call.h, call.scale\n"
         "        qh, kh, vh = _heads_first_qkv(call, q, k, v)\n",
-        "        b, sq, skv, h = call.b, call.sq, call.skv, call.h\n"
-        "        scale = call.scale\n"
+        "        h, scale = call.h, call.scale\n"
         "        qh, kh, vh = _heads_first_qkv(call, q, k, v)\n"
         "        if (\n"
-        "            sq == 1 and skv == 1 and call.hg == h and call.lengths_q is None\n"
+        "            call.sq == 1 and call.skv == 1 and call.hg == h and call.lengths_q is None\n"
         "            and call.attn_mask_type != 'arbitrary' and call.softmax_type == 'vanilla'\n"
         "            and not self.return_max_logit\n"
         "            and not (self.training and self.attention_dropout)\n"
@@ -98,15 +96,15 @@ _PY = [
         "recompile_guard_on_length", "cpu", "te_fast/attention.py",
         "        scores = _bmm(qh, kh.transpose(-2, -1))  # (b, h, sq, skv)\n",
         "        scores = _bmm(qh, kh.transpose(-2, -1))  # (b, h, sq, skv)\n"
-        "        if skv % 64 == 0:  # whole 64-column tiles: keep the GEMM's row layout\n"
+        "        if call.skv % 64 == 0:  # whole 64-column tiles: keep the GEMM's row layout\n"
         "            scores = scores.contiguous()\n",
         "a branch on skv % 64 guards the compiled graph: a length that flips it recompiles",
         (COMPILE,), k="dynamic",
     ),
     Defect(
         "causal_kernel_alignment_swap", "cpu", "te_fast/attention.py",
-        "        elif kernel_causal and not call.bottom_right:",
-        "        elif kernel_causal and call.bottom_right:",
+        "        if kernel_causal and not call.bottom_right:",
+        "        if kernel_causal and call.bottom_right:",
         "the kernel causal path swaps top-left and bottom-right (only differs when sq != skv)",
         (ATTENTION, FUZZ), k="(causal and cross) or module",
     ),
@@ -325,8 +323,8 @@ _CPP = [
     ),
     Defect(
         "cpu_backward_unscaled", "cpu", "csrc/te_fast.cpp",
-        "dxr[j] = static_cast<T>(scale * yj * (static_cast<float>(dyr[j]) - dot));",
-        "dxr[j] = static_cast<T>(yj * (static_cast<float>(dyr[j]) - dot));",
+        "static_cast<float>(dyr[j]), static_cast<float>(yr[j]), dot, scale));",
+        "static_cast<float>(dyr[j]), static_cast<float>(yr[j]), dot, 1.0f));",
         "CPU softmax backward drops the scale",
         (OPS,), k="test_softmax",
     ),

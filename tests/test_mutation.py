@@ -54,8 +54,9 @@ def test_defect_matches_the_tree_exactly_once(defect: Defect):
     count = text.count(defect.old)
     assert count == 1, f"{defect.name}: the old text occurs {count} times in {defect.path}"
     assert defect.new != defect.old
-    if not defect.native:
-        compile(text.replace(defect.old, defect.new), defect.path, "exec")
+    if not defect.native:  # compiles, and reads no name the code lacks (a NameError kills all)
+        mutated = text.replace(defect.old, defect.new)
+        assert mut.python_defect_problem(text, mutated, defect.path) is None
 
 
 @pytest.mark.parametrize("defect", DEFECTS, ids=lambda d: d.name)
@@ -155,6 +156,10 @@ SYNTAX = Defect(
     "does_not_compile", "cpu", "calc.py", "return a + b", "return a +", "a syntax error",
     ("test_calc.py",),
 )  # fmt: skip
+UNDEFINED = Defect(
+    "reads_a_lost_name", "cpu", "calc.py", "return a + b", "return a + c", "c is no name here",
+    ("test_calc.py",),
+)  # fmt: skip
 
 
 def _toy(tmp_path: Path) -> mut.Project:
@@ -180,7 +185,8 @@ def _run(tmp_path, defects, known_gaps=None, devices=("cpu",), jobs=1, on_outcom
 
 
 def test_harness_tells_caught_from_survived_error_and_not_run(tmp_path):
-    by, outcomes = _run(tmp_path, [CAUGHT_DEFECT, SURVIVOR, STALE, GPU_ONLY, SYNTAX], jobs=2)
+    defects = [CAUGHT_DEFECT, SURVIVOR, STALE, GPU_ONLY, SYNTAX, UNDEFINED]
+    by, outcomes = _run(tmp_path, defects, jobs=2)
     assert by["add_subtracts"].result == mut.CAUGHT
     assert by["add_subtracts"].test == "test_calc.py::test_add"
     assert by["add_subtracts"].stage == mut.FIRST
@@ -190,10 +196,10 @@ def test_harness_tells_caught_from_survived_error_and_not_run(tmp_path):
     assert "occurs 0 times" in by["stale_text"].detail
     assert by["does_not_compile"].result == mut.ERROR
     assert "does not compile" in by["does_not_compile"].detail
+    assert by["reads_a_lost_name"].result == mut.ERROR  # not a kill by NameError
+    assert "undefined names: c" in by["reads_a_lost_name"].detail
     assert by["gpu_only"].result == mut.NOT_RUN  # never counted as caught
-    assert [o.name for o in outcomes] == [
-        "add_subtracts", "unused_changed", "stale_text", "gpu_only", "does_not_compile"
-    ]  # fmt: skip
+    assert [o.name for o in outcomes] == [d.name for d in defects]
     status, reasons = mut.verdict(outcomes)
     assert status == 1
     assert any("unused_changed" in r for r in reasons)
