@@ -51,13 +51,12 @@ class SuiteSet:
 
 # test_selftest.py checks the checks (against deliberately broken stand-ins), not te_fast, and
 # test_large.py (-m large) needs ~40 GiB per test: neither belongs to the set a defect must pass.
+# tests/test_eager_softmax.py and tests/test_chunked_core.py test te_fast's eager paths directly.
+_TE_FAST_TESTS = ("suites", "tests/test_eager_softmax.py", "tests/test_chunked_core.py")
 SUITES = {
-    "cpu": SuiteSet(
-        ("suites", "tests/test_eager_softmax.py"), "not gpu and not large",
-        ("suites/test_selftest.py",),
-    ),
-    "cuda": SuiteSet(("suites",), "gpu and not large", ("suites/test_selftest.py",)),
-}  # fmt: skip
+    "cpu": SuiteSet(_TE_FAST_TESTS, "not gpu and not large", ("suites/test_selftest.py",)),
+    "cuda": SuiteSet(_TE_FAST_TESTS, "gpu and not large", ("suites/test_selftest.py",)),
+}
 
 ATTENTION = "suites/test_attention.py"
 COMPILE = "suites/test_compile.py"
@@ -74,7 +73,7 @@ _PY = [
         "probs = torch.nn.functional.dropout(probs, self.attention_dropout, self.training)",
         "probs = torch.nn.functional.dropout(probs, self.attention_dropout, True)",
         "attention dropout is applied in eval mode too (training=True passed to F.dropout)",
-        (ATTENTION,), k="dropout",
+        ("suites/test_dropout.py", ATTENTION), k="dropout",
     ),
     Defect(
         "alias_one_token", "cpu", "te_fast/attention.py",
@@ -106,7 +105,7 @@ _PY = [
         "        if kernel_causal and not call.bottom_right:",
         "        if kernel_causal and call.bottom_right:",
         "the kernel causal path swaps top-left and bottom-right (only differs when sq != skv)",
-        (ATTENTION, FUZZ), k="(causal and cross) or module",
+        (ATTENTION, FUZZ), k="alignment or (causal and cross) or module",
     ),
     # ---------------------------------------------------------------- te_fast/attention.py
     Defect(
@@ -225,6 +224,13 @@ _PY = [
         "            with _below_autograd():\n                dx = ctx.bwd(dy, y, 1.0)",
         "the eager softmax backward drops the softmax scale",
         (ATTENTION,), k="core",
+    ),
+    Defect(
+        "chunked_backward_unscaled", "cpu", "te_fast/_eager.py",
+        "                ds = ctx.bwd(dp, p, ctx.scale)",
+        "                ds = ctx.bwd(dp, p, 1.0)",
+        "the chunked eager core (long fp16/bf16 training calls) drops the scale in its backward",
+        ("tests/test_chunked_core.py",),
     ),
     # ---------------------------------------------------------------- te_fast/ops.py
     Defect(
