@@ -12,8 +12,9 @@ suite set (SUITES), so that a survivor is one the suites really miss. A defect i
 - CAUGHT: a test failed (the first failing test id is recorded). At the end each killing test is
   re-run on the unmutated copy and must pass there; one that fails there too makes it an ERROR.
 - SURVIVED: the whole suite set passed with the defect in place.
-- ERROR: its old text no longer matches exactly once, its build or load failed, pytest could not
-  run, a run timed out, or the killing test fails without the defect. An error is a failure.
+- ERROR: its old text no longer matches exactly once, a Python defect does not compile or reads
+  a name the code lacks (a NameError would fail every test), its build or load failed, pytest
+  could not run, a run timed out, or the killing test fails without the defect. A failure.
 - NOT RUN: a CUDA defect on a machine without a CUDA device (never counted as caught).
 
 The kill matrix goes to <out>/mutation.json and <out>/mutation.md (default reports/latest; the
@@ -58,7 +59,6 @@ _SKIP_NAMES = frozenset({
     ".ruff_cache", "gpu_out", ".device_out", ".whl",
 })  # fmt: skip
 _SKIP_PATHS = frozenset({"reports/latest"})
-_NATIVE_SOURCES = ("csrc", "setup.py")  # what the extension is built from
 
 BUILD_TIMEOUT_S = 1800
 FIRST_TIMEOUT_S = 900
@@ -174,12 +174,19 @@ def python_defect_problem(original: str, mutated: str, filename: str) -> str | N
 # ----------------------------------------------------------------------------- scratch copies
 
 
-def _ignore(src_root: Path):
+def _ignore(src_root: Path, avoid: tuple[Path, ...] = ()):
+    """copytree's ignore: _SKIP_NAMES, _SKIP_PATHS, and ``avoid`` (the scratch copies and the
+    logs, should they lie inside the tree: a copy must not copy itself)."""
+    src_root = src_root.resolve()
+    avoided = {p.resolve() for p in avoid}
+
     def ignore(directory: str, names: list[str]) -> set[str]:
-        rel = Path(directory).resolve().relative_to(src_root)
+        here = Path(directory).resolve()
+        rel = here.relative_to(src_root)
         return {
             n for n in names
             if n in _SKIP_NAMES or n.endswith(".egg-info") or (rel / n).as_posix() in _SKIP_PATHS
+            or here / n in avoided
         }  # fmt: skip
 
     return ignore
@@ -221,9 +228,10 @@ class Workspace:
     """One scratch copy of the project. Defects are applied to it one at a time and always
     restored; the extension state says whether te_fast._C matches the unmutated sources."""
 
-    def __init__(self, project: Project, path: Path, log_dir: Path, xdist: int):
+    def __init__(self, project: Project, path: Path, log_dir: Path, xdist: int, avoid=()):
         self.project = project
         self.path = path
+        self.avoid = (path.parent, log_dir, *avoid)  # never copied into the copy
         self.log_dir = log_dir
         self.xdist = xdist
         self.prepared = False
@@ -293,7 +301,9 @@ class Workspace:
         """Copy the tree (once). The source tree's built extension is reused when it is newer
         than every C++ source; otherwise it is built here."""
         if not self.prepared:
-            shutil.copytree(self.project.root, self.path, ignore=_ignore(self.project.root))
+            shutil.copytree(
+                self.project.root, self.path, ignore=_ignore(self.project.root, self.avoid)
+            )
             self.prepared = True
             # the source tree's build serves when it is newer than every C++ source; the
             # first ensure_clean checks that it loads here (and has the device's kernels)
