@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -271,12 +272,15 @@ def _md_table(t: Table) -> list[str]:
     return lines + [""]
 
 
-def render_markdown(report: dict, comparison: str | None = None) -> str:
-    """report.md: environment, summary, tables, failures, and the baseline comparison if given."""
+def render_markdown(
+    report: dict, comparison: str | None = None, mutation: dict | None = None
+) -> str:
+    """report.md: environment, summary, tables, the mutation kill matrix if given, failures,
+    and the baseline comparison if given."""
     lines = ["# TE conformance report", "", f"**{summary_line(report)}**", ""]
     if comparison:
         lines += ["## Comparison with the baseline", "", "```", comparison, "```", ""]
-    for t in tables(report):
+    for t in tables(report) + (mutation_tables(mutation) if mutation else []):
         lines += _md_table(t)
     fails = failure_entries(report)
     if fails:
@@ -473,7 +477,7 @@ def _html_table(t: Table) -> str:
     return f"<h2>{e(t.title)}</h2>{note}<table>{head}{body}</table>"
 
 
-def render_html(report: dict, comparison: str | None = None) -> str:
+def render_html(report: dict, comparison: str | None = None, mutation: dict | None = None) -> str:
     """One self-contained HTML page: inline CSS, plots as data: URIs, nothing fetched."""
     e = html.escape
     status = "FAIL" if any(c["outcome"] in FAILING for c in report["cases"]) else "PASS"
@@ -492,6 +496,7 @@ def render_html(report: dict, comparison: str | None = None) -> str:
     parts += [f'<p class="warn">{e(n)}</p>' for n in notes]
     parts += [f'<img alt="{e(title)}" src="data:image/png;base64,{png}">' for title, png in images]
     parts += [_html_table(t) for t in all_tables[2:]]
+    parts += [_html_table(t) for t in (mutation_tables(mutation) if mutation else [])]
     fails = failure_entries(report)
     if fails:
         parts.append(f"<h2>Failures ({len(fails)})</h2>")
@@ -506,10 +511,60 @@ def render_html(report: dict, comparison: str | None = None) -> str:
 
 
 def render(report: dict, out_dir: str | Path, comparison: str | None = None) -> tuple[Path, Path]:
-    """Write report.md and report.html into out_dir; returns their paths."""
+    """Write report.md and report.html into out_dir; returns their paths. A mutation kill matrix
+    (MUTATION_FILE, from python -m suites.mutation) in out_dir joins both."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    mutation = load_mutation(out / MUTATION_FILE)
     md, page = out / "report.md", out / "report.html"
-    md.write_text(render_markdown(report, comparison), encoding="utf-8")
-    page.write_text(render_html(report, comparison), encoding="utf-8")
+    md.write_text(render_markdown(report, comparison, mutation), encoding="utf-8")
+    page.write_text(render_html(report, comparison, mutation), encoding="utf-8")
     return md, page
+
+
+# ---------------------------------------------------------------- mutation kill matrix
+
+MUTATION_FILE = "mutation.json"
+
+
+def load_mutation(path: Path) -> dict | None:
+    """The kill matrix at path, or None when there is none (or it cannot be read)."""
+    try:
+        matrix = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return matrix if isinstance(matrix, dict) and "results" in matrix else None
+
+
+def mutation_tables(matrix: dict) -> list[Table]:
+    """The kill matrix of python -m suites.mutation: one row per planted defect, with the test
+    that caught it, or why it survived, errored or did not run."""
+    env = matrix.get("environment") or {}
+    counts = ", ".join(f"{n} {r}" for r, n in (matrix.get("counts") or {}).items() if n)
+    commit = (env.get("commit") or "-")[:12] + (
+        " (uncommitted changes)" if env.get("dirty") else ""
+    )
+    lines = [
+        *([matrix["partial"].upper()] if matrix.get("partial") else []),
+        f"{counts or 'no defects'} in {matrix.get('total_s')} s; exit status "
+        f"{matrix.get('exit_status')}; commit {commit}; {matrix.get('created_utc')} UTC",
+        *(matrix.get("reasons") or []),
+        *(matrix.get("notes") or []),
+    ]
+    rows = []
+    for r in matrix["results"]:
+        result = r.get("result", "?")
+        if result == "SURVIVED" and r.get("known_gap"):
+            result += " (known gap)"
+        why = (
+            r.get("test") if r.get("result") == "CAUGHT" else r.get("known_gap") or r.get("detail")
+        )
+        rows.append([r.get("name"), r.get("device"), r.get("path"), r.get("description"), result,
+                     why or "", r.get("seconds")])  # fmt: skip
+    header = ["defect", "device", "file", "what it breaks", "result", "caught by / why", "s"]
+    return [Table("Mutation kill matrix", header, rows, " — ".join(lines))]
+
+
+def mutation_markdown(matrix: dict) -> str:
+    """mutation.md: the kill matrix on its own."""
+    return "\n".join(_md_table(mutation_tables(matrix)[0])).rstrip()

@@ -82,12 +82,13 @@ class Adapter:
         return None
 
     def build(
-        self, case: AttnCase, scale: float, dropout: float = 0.0, dropout_ctx=None
+        self, case: AttnCase, scale: float | None, dropout: float = 0.0, dropout_ctx=None
     ) -> torch.nn.Module:
-        """A module computing the case's attention (what the compile suite compiles); ``dropout``
-        is the attention dropout probability in training mode (adapters with ``dropout`` only);
-        ``dropout_ctx``, when given, a callable returning the context manager dropout must run
-        in (TE's ``attention_dropout_ctx``; adapters with ``dropout_ctx`` only)."""
+        """A module computing the case's attention (what the compile suite compiles); ``scale``
+        None asks for the implementation's default (dqk ** -0.5); ``dropout`` is the attention
+        dropout probability in training mode (adapters with ``dropout`` only); ``dropout_ctx``,
+        when given, a callable returning the context manager dropout must run in (TE's
+        ``attention_dropout_ctx``; adapters with ``dropout_ctx`` only)."""
         raise NotImplementedError
 
     def call(self, module, case: AttnCase, q, k, v, kwargs: dict):

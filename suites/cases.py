@@ -45,6 +45,7 @@ class AttnCase:
     varlen: str = "random"  # lengths: "random" | "zero_length" | "full" | "trailing"
     kv_cache_extra: int = 0  # thd_2*: kv cache longer than any filled length by this much
     return_max_logit: bool = False
+    default_scale: bool = False  # build with softmax_scale=None: the default dqk ** -0.5 applies
     tags: tuple[str, ...] = field(default=())
 
     @property
@@ -95,6 +96,8 @@ class AttnCase:
             parts.append(f"cache+{self.kv_cache_extra}")
         if self.return_max_logit:
             parts.append("max_logit")
+        if self.default_scale:
+            parts.append("scale_default")
         parts.append(self.device)
         return "-".join(parts)
 
@@ -260,6 +263,22 @@ def thd_inference_cases(device: str) -> list[AttnCase]:
         case = AttnCase(layout, dtype, "padding_causal_bottom_right", device=device, varlen=varlen)
         case = sized(case, gqa=gqa)
         out.append(replace(case, kv_cache_extra=9))
+    return out
+
+
+def default_scale_cases(device: str) -> list[AttnCase]:
+    """softmax_scale=None, where the default dqk ** -0.5 must come from the query/key head dim:
+    MLA (dv != dqk on every device), also with GQA and cross attention, and ragged."""
+    out = []
+    for layout, mask, gqa, cross in (
+        ("bshd_bshd_bshd", "causal", 1, False),
+        ("sbhd_sbhd_sbhd", "no_mask", 2, True),
+        ("thd_thd_thd", "padding_causal", 1, False),
+    ):
+        for dtype in DEVICE_DTYPES[device]:
+            case = AttnCase(layout, dtype, mask, device=device, default_scale=True)
+            case = sized(case, cross=cross, gqa=gqa)
+            out.append(replace(case, dv=case.d // 2 + 3))
     return out
 
 

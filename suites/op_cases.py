@@ -150,6 +150,9 @@ def bad_op_calls(device):
         "mask_shape": (lambda: fast.scaled_masked_softmax(x4, mask(2, 3, 5, 7), 1.0), mask_shape),
         "mask_batch": (lambda: fast.scaled_masked_softmax(x4, mask(3, 1, 5, 7), 1.0), mask_shape),
         "mask_rank": (lambda: fast.scaled_masked_softmax(x4, mask(5, 7), 1.0), mask_shape),
+        # one case per dimension of the shape rule: a check that loses one is caught
+        "mask_sq": (lambda: fast.scaled_masked_softmax(x4, mask(1, 1, 4, 7), 1.0), mask_shape),
+        "mask_sk": (lambda: fast.scaled_masked_softmax(x4, mask(1, 1, 5, 6), 1.0), mask_shape),
         "mask_dtype": (
             lambda: fast.scaled_masked_softmax(x4, mask(1, 1, 5, 7, dtype=torch.float32), 1.0),
             "mask of dtype bool",

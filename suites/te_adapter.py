@@ -121,7 +121,9 @@ def _window_bound(case: AttnCase) -> int:
     return case.sq + case.skv + case.kv_cache_extra
 
 
-def te_init_kwargs(case: AttnCase, scale: float, dropout: float, takes: frozenset[str]) -> dict:
+def te_init_kwargs(
+    case: AttnCase, scale: float | None, dropout: float, takes: frozenset[str]
+) -> dict:
     """DotProductAttention's constructor arguments for a case; ``takes``: the names the installed
     TE accepts (optional ones it lacks are left out; a case that needs one is skipped)."""
     fmt = case.layout_info.q_format

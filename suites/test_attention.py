@@ -14,6 +14,7 @@ from suites.cases import (
     alignment_matrix,
     broad_matrix,
     core_matrix,
+    default_scale_cases,
     thd_inference_cases,
     varlen_cases,
 )
@@ -27,6 +28,7 @@ MATRICES = {
     "thd_inference": lambda dev: thd_inference_cases(dev),
     "varlen": lambda dev: varlen_cases(dev),
     "alignment": lambda dev: alignment_matrix(dev),
+    "default_scale": lambda dev: default_scale_cases(dev),
 }
 
 
@@ -93,6 +95,12 @@ def test_varlen(adapter, case):
 def test_alignment(adapter, case):
     """Every mask type x alignment override x (sq < skv, sq = skv, sq > skv): each path an
     implementation takes for a mask type and alignment meets every shape, on CPU too."""
+    check_case(adapter, case)
+
+
+@pytest.mark.matrix("default_scale")
+def test_default_scale(adapter, case):
+    """softmax_scale=None: the implementation's default is dqk ** -0.5 (MLA: dv != dqk)."""
     check_case(adapter, case)
 
 
