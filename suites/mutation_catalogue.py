@@ -329,8 +329,8 @@ _CPP = [
     ),
     Defect(
         "cpu_backward_unscaled", "cpu", "csrc/te_fast.cpp",
-        "static_cast<float>(dyr[j]), static_cast<float>(yr[j]), dot, scale));",
-        "static_cast<float>(dyr[j]), static_cast<float>(yr[j]), dot, 1.0f));",
+        "dxr[j] = static_cast<T>(scale * yj * (static_cast<float>(dyr[j]) - dot));",
+        "dxr[j] = static_cast<T>(yj * (static_cast<float>(dyr[j]) - dot));",
         "CPU softmax backward drops the scale",
         (OPS,), k="test_softmax",
     ),

@@ -261,6 +261,9 @@ def _module_problems(device):
                                 "attention_type must be 'self' or 'cross', got 'both'", False),
         "ctor_dropout": (dict(attention_dropout=1.0), qkv, base, V,
                          r"attention_dropout must be in \[0, 1\), got 1.0", False),
+        "ctor_score_chunk_bytes": (dict(score_chunk_bytes=0), qkv, base, V,
+                                   "score_chunk_bytes must be a positive int or None, got 0",
+                                   False),
         # the resolved call (te_ref has each of these rules, with the same message)
         "unknown_layout": ({}, qkv, dict(base, qkv_layout="bshd_bshd"), V,
                            "unknown qkv_layout 'bshd_bshd'; expected one of", True),
