@@ -37,6 +37,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xfail(reason=f"known failure: {reason}", strict=False))
 
 
+@pytest.fixture
+def one_thread():
+    """For tests on tensors of a few dozen elements: torch's intra-op threads only add
+    spin-waits (on a busy 2-core CI box they made such tests 20x slower), so run them on one
+    thread, then restore."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _seed(request):
     """Every test gets its own fixed seed, derived from its id (reproducible, order-independent)."""

@@ -24,15 +24,7 @@ from suites.adapter import Adapter
 from suites.cases import AttnCase
 from suites.impls import parametrize_per_adapter, require
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tensors of a few dozen elements: torch's intra-op threads only add spin-waits (on a busy
-    2-core CI box they made these tests 20x slower), so run them on one thread, then restore."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny tensors, one thread
 
 
 B, H, SQ, SKV, D = 2, 2, 24, 48, 8

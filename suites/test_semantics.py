@@ -45,15 +45,7 @@ from suites.cases import DTYPES, AttnCase
 from suites.impls import parametrize_per_adapter
 from te_ref.layouts import parse_layout
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tensors of a few dozen elements: torch's intra-op threads only add spin-waits (on a busy
-    2-core CI box they made these tests 20x slower), so run them on one thread, then restore."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny tensors, one thread
 
 
 # ----------------------------------------------------------------------------- the literal table
