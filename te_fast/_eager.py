@@ -24,6 +24,12 @@ _is_compiling = torch.compiler.is_compiling
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
+def plain_eager() -> bool:
+    """Whether this is a plain eager call: traces (torch.compile, export, functorch transforms)
+    see the ops themselves, whole tensors and their registered autograd."""
+    return not (_is_compiling() or _functorch_active())
+
+
 def _op(name: str):
     return getattr(torch.ops.te_fast, name).default
 
@@ -83,7 +89,7 @@ def softmax(
     if UNAVAILABLE_REASON is not None:
         raise RuntimeError(UNAVAILABLE_REASON)
     fwd, bwd = _PAIRS[name]
-    if _is_compiling() or _functorch_active():
+    if not plain_eager():
         return _run(fwd, x, mask, scale, rows)
     if torch.is_grad_enabled() and x.requires_grad:
         return _Softmax.apply(x, mask, scale, fwd, bwd, rows)
@@ -156,8 +162,7 @@ class _ChunkedCore(torch.autograd.Function):
         dq, dk, dv = [], [], []
         with _below_autograd():
             for (lo, hi), p in zip(ctx.bounds, probs):
-                do_c = do[lo:hi] if axis == 0 else do[:, lo:hi]
-                q_c, k_c, v_c = (_take(t, axis, lo, hi) for t in (q, k, v))
+                do_c, q_c, k_c, v_c = (_take(t, axis, lo, hi) for t in (do, q, k, v))
                 dv.append(torch.matmul(p.transpose(-2, -1), do_c))
                 dp = torch.matmul(do_c, v_c.transpose(-2, -1))
                 ds = ctx.bwd(dp, p, ctx.scale)
@@ -180,9 +185,3 @@ def chunked_core(q, k, v, mask, softmax, scale, plan):
         return _ChunkedCore.apply(q, k, v, mask, softmax, bwd, scale, axis, bounds)
     with _below_autograd():
         return _chunked_forward(q, k, v, mask, softmax, axis, bounds)[0]
-
-
-def chunking_allowed() -> bool:
-    """The chunked core is for plain eager calls: traces (torch.compile, export, functorch)
-    see the whole-tensor ops, as before."""
-    return not (_is_compiling() or _functorch_active())

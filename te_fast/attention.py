@@ -256,7 +256,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
         if limit is None or not (
             qh.dtype in (torch.float16, torch.bfloat16) and call.softmax_type == "vanilla"
             and call.bias_type == "no_bias" and not self.return_max_logit
-            and self.attention_dropout == 0.0 and _eager.chunking_allowed()
+            and self.attention_dropout == 0.0 and _eager.plain_eager()
         ):  # fmt: skip
             return None
         return _eager.chunk_bounds(call.b, call.h, call.sq, call.skv, qh.element_size(), limit)
