@@ -59,7 +59,8 @@ def run_impl(adapter: Adapter, module, case: AttnCase, inputs: AttnInputs, watch
     """(out, max_logit, grads by leaf name) of one forward and backward through ``module``.
 
     Results are cloned (CUDA-graph outputs are overwritten by the next replay). With ``watch``,
-    every input tensor and dO must come through bit-identical (no hidden mutation).
+    every input tensor and dO must come through bit-identical (no hidden mutation), and neither
+    the output nor a gradient may share storage with one of them (no undeclared alias).
     """
     leaves = _leaves_like(inputs, lambda n, t: t.dtype)
     q, k, v, extra = inputs.views(leaves, case)
@@ -76,6 +77,7 @@ def run_impl(adapter: Adapter, module, case: AttnCase, inputs: AttnInputs, watch
     grads = torch.autograd.grad(out, [targets[n] for n in names], inputs.grad_out)
     if watch:
         contracts.assert_untouched("input after forward and backward", watched, before)
+        contracts.assert_fresh_storage([out, *grads], watched)
     clone = None if max_logit is None else max_logit.detach().clone()
     return out.detach().clone(), clone, {n: g.clone() for n, g in zip(names, grads)}
 

@@ -150,7 +150,7 @@ def core_matrix(device: str) -> list[AttnCase]:
 
 def alignment_matrix(device: str) -> list[AttnCase]:
     """Every mask type x bottom_right_diagonal (None, True, False) x shape (sq < skv, sq = skv,
-    sq > skv), no window, on bshd in the device's first dtype.
+    sq > skv, one query and one key), no window, on bshd in the device's first dtype.
 
     Why: the two causal alignments differ only when sq != skv (or with padding), and an
     implementation may take another path for each mask type and alignment (te_fast hands causal
@@ -163,6 +163,7 @@ def alignment_matrix(device: str) -> list[AttnCase]:
         "sq<skv": (s["sq"], s["skv"] + s["skv"] // 2 + 3),
         "sq=skv": (s["sq"], s["skv"]),
         "sq>skv": (s["sq"] + s["sq"] // 2 + 3, s["skv"]),
+        "sq=skv=1": (1, 1),  # one query, one key: every kept probability is exactly 1
     }
     cases = []
     for mask, diagonal, (sq, skv) in itertools.product(

@@ -65,6 +65,7 @@ OPS = "suites/test_ops.py"
 FP8 = "suites/test_fp8.py"
 FUZZ = "suites/test_fuzz.py"
 BAD_INPUT = "suites/test_bad_input.py"
+LARGE_CPU = "suites/test_large_cpu.py"
 
 _PY = [
     # ---------------------------------------------------------------- the four known gaps
@@ -89,7 +90,7 @@ _PY = [
         "        ):  # one key: every probability is 1, so the output is v itself\n"
         "            return self._output(call, vh)\n",
         "a one-query one-key fast path returns a view of v: the output aliases an input",
-        (FUZZ, ATTENTION), k="module or core",
+        (ATTENTION, FUZZ), k="alignment or module",
     ),
     Defect(
         "recompile_guard_on_length", "cpu", "te_fast/attention.py",
@@ -339,7 +340,7 @@ _CPP = [
         "      const T* xr = x + row * g.sk;",
         "      const T* xr = x + static_cast<int32_t>(row * g.sk);",
         "CPU forward computes a row's offset in 32 bits (wraps past 2^31 elements)",
-        (OPS,), k="test_softmax",
+        (LARGE_CPU,), k="past_2_31",
     ),
     Defect(
         "convert_trailing_not_zeroed", "cpu", "csrc/te_fast.cpp",
@@ -477,22 +478,11 @@ _CUDA = [
 DEFECTS: tuple[Defect, ...] = (*_PY, *_CPP, *_CUDA)
 BY_NAME: dict[str, Defect] = {d.name: d for d in DEFECTS}
 
-# name -> why the suites miss it. A known gap that is caught is reported, not failed. Of the four
-# gaps the issue named, dropout_in_eval (suites/test_dropout.py) and causal_kernel_alignment_swap
-# (test_attention.py's alignment matrix) are caught by deterministic cases now; alias_one_token
-# only by a draw of the module fuzz (a hypothesis release may draw other examples), so it stays.
-KNOWN_GAPS: dict[str, str] = {
-    "alias_one_token": (
-        "an output that aliases its input for one particular shape: the attention matrices have "
-        "no sq = skv = 1 case, and only the fuzz checks the module's output for aliasing (its "
-        "fixed-seed draws catch this one today)"
-    ),
-    "recompile_guard_on_length": (
-        "a guard on a sequence length that makes new lengths recompile: test_dynamic_shapes "
-        "allows 2 graphs over its 5 lengths, and only the 64 of them flips this guard"
-    ),
-    "cpu_row_offset_32bit": (
-        "32-bit offsets in the CPU kernels: no CPU case reaches 2^31 elements (test_large.py, "
-        "-m large, is GPU-only; a CPU one needs 8+ GiB and minutes on CI's 2 cores)"
-    ),
-}
+# name -> why the suites miss it. A known gap that is caught is reported, not failed. Every gap
+# found so far is closed by a deterministic case in the matrices: dropout_in_eval
+# (suites/test_dropout.py), causal_kernel_alignment_swap and alias_one_token (test_attention.py's
+# alignment matrix: sq = skv = 1, and every module case checks that no output or gradient shares
+# storage with an input), recompile_guard_on_length (test_compile.py's test_dynamic_shapes: one
+# graph over eight lengths, multiples of 32 and 64 among them), cpu_row_offset_32bit
+# (suites/test_large_cpu.py: a CPU softmax past 2^31 elements).
+KNOWN_GAPS: dict[str, str] = {}

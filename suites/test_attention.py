@@ -93,8 +93,8 @@ def test_varlen(adapter, case):
 
 @pytest.mark.matrix("alignment")
 def test_alignment(adapter, case):
-    """Every mask type x alignment override x (sq < skv, sq = skv, sq > skv): each path an
-    implementation takes for a mask type and alignment meets every shape, on CPU too."""
+    """Every mask type x alignment override x (sq < skv, sq = skv, sq > skv, sq = skv = 1): each
+    path an implementation takes for a mask type and alignment meets every shape, on CPU too."""
     check_case(adapter, case)
 
 
