@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define TE_HD __host__ __device__ __forceinline__
@@ -43,6 +44,27 @@ template <bool kWide>
 TE_HD float exp_shifted(float x, float scale, float m) {
   if (kWide) return expf(static_cast<float>(static_cast<double>(x) * scale - m));
   return expf(x * scale - m);
+}
+
+// The softmax backward, dx = scale * y * (dy - dot) with dot = sum_j y_j * dy_j, one element at
+// a time. fp32 data (kWide) form the products, the sum and the element in double and round once:
+// where one probability is near 1, dy - dot cancels (dx is (1 - y) times smaller than dy * y),
+// and a dot or a product rounded to fp32 first costs half an ulp of dy * y in that small result.
+// (Found by the fuzz suite on 2026-12-03: a sink softmax row with one kept key, y = 0.94, gave
+// dk 7 ulp off where the CUDA composite was exact.) fp16/bf16 work in fp32: their output
+// rounding is 2^13 times coarser.
+template <bool kWide>
+using BwdAcc = typename std::conditional<kWide, double, float>::type;
+
+template <bool kWide>
+TE_HD BwdAcc<kWide> bwd_product(float dy, float y) {
+  return static_cast<BwdAcc<kWide>>(dy) * static_cast<BwdAcc<kWide>>(y);
+}
+
+template <bool kWide>
+TE_HD float bwd_element(float dy, float y, BwdAcc<kWide> dot, float scale) {
+  using A = BwdAcc<kWide>;
+  return static_cast<float>(static_cast<A>(scale) * static_cast<A>(y) * (static_cast<A>(dy) - dot));
 }
 
 // A sequence x of cu_seqlens is usable when it starts at or after 0 with cu_seqlens[0] == 0,

@@ -80,20 +80,22 @@ void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T
 
 template <typename T>
 void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t sk, float scale) {
+  constexpr bool kWide = std::is_same<T, float>::value;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(sk, 1));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const T* dyr = dy + row * sk;
       const T* yr = y + row * sk;
-      double acc = 0.0;  // see kAccumulateNote
+      double acc = 0.0;  // see kAccumulateNote; te_fast_rules::bwd_element for fp32's double
       for (int64_t j = 0; j < sk; ++j) {
-        acc += static_cast<double>(static_cast<float>(dyr[j]) * static_cast<float>(yr[j]));
+        acc += te_fast_rules::bwd_product<kWide>(static_cast<float>(dyr[j]),
+                                                 static_cast<float>(yr[j]));
       }
-      const float dot = static_cast<float>(acc);
+      const auto dot = static_cast<te_fast_rules::BwdAcc<kWide>>(acc);
       T* dxr = dx + row * sk;
       for (int64_t j = 0; j < sk; ++j) {
-        const float yj = static_cast<float>(yr[j]);
-        dxr[j] = static_cast<T>(scale * yj * (static_cast<float>(dyr[j]) - dot));
+        dxr[j] = static_cast<T>(te_fast_rules::bwd_element<kWide>(
+            static_cast<float>(dyr[j]), static_cast<float>(yr[j]), dot, scale));
       }
     }
   });

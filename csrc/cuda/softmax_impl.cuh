@@ -413,9 +413,9 @@ struct BwdRow {
       g[k].unpack(gf);
       p[k].unpack(pf);
 #pragma unroll
-      for (int e = 0; e < V; ++e) part += gf[e] * pf[e];
+      for (int e = 0; e < V; ++e) part += te_fast_rules::bwd_product<kWide<T>>(gf[e], pf[e]);
     }
-    const float dot = static_cast<float>(row_reduce<G, C>(part, SumOp{}, sum_slots));
+    const Acc<T> dot = row_reduce<G, C>(part, SumOp{}, sum_slots);
     if (row >= a.rows) return;
     T* dx = static_cast<T*>(a.dx) + row * a.sk;
 #pragma unroll
@@ -427,7 +427,9 @@ struct BwdRow {
       g[k].unpack(gf);
       p[k].unpack(pf);
 #pragma unroll
-      for (int e = 0; e < V; ++e) gf[e] = a.scale * pf[e] * (gf[e] - dot);
+      for (int e = 0; e < V; ++e) {
+        gf[e] = te_fast_rules::bwd_element<kWide<T>>(gf[e], pf[e], dot, a.scale);
+      }
       Chunk<T, V>::store(dx + j0, gf);
     }
   }
@@ -753,9 +755,9 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArg
       float p[V];
       load_pair(j0, g, p);
 #pragma unroll
-      for (int e = 0; e < V; ++e) part += g[e] * p[e];
+      for (int e = 0; e < V; ++e) part += te_fast_rules::bwd_product<kWide<T>>(g[e], p[e]);
     }
-    const float dot = static_cast<float>(row_reduce<kBlockThreads, 1>(part, SumOp{}, slots));
+    const Acc<T> dot = row_reduce<kBlockThreads, 1>(part, SumOp{}, slots);
     __syncthreads();  // the slots are reused by the next row
     T* dx = static_cast<T*>(a.dx) + row * a.sk;
     for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
@@ -763,7 +765,9 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArg
       float p[V];
       load_pair(j0, g, p);
 #pragma unroll
-      for (int e = 0; e < V; ++e) g[e] = a.scale * p[e] * (g[e] - dot);
+      for (int e = 0; e < V; ++e) {
+        g[e] = te_fast_rules::bwd_element<kWide<T>>(g[e], p[e], dot, a.scale);
+      }
       Chunk<T, V>::store(dx + j0, g);
     }
   }
