@@ -78,6 +78,8 @@ class AttnCase:
             parts.append(f"mla{self.d}x{self.dv}")
         if self.sq != self.skv:
             parts.append(f"cross{self.sq}x{self.skv}")
+        elif self.sq == 1:
+            parts.append("one_token")  # sq = skv = 1
         if self.bias_type != "no_bias":
             parts.append(self.bias_type + (f"_{self.bias_shape}" if self.bias_shape else ""))
             if self.alibi_slopes:
