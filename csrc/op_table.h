@@ -78,7 +78,7 @@ struct OpTable {
       p.mask = mask->contiguous();
       p.mask_batch_stride = p.mask.size(0) == 1 ? 0 : p.g.sq * p.g.sk;
     }
-    if (p.g.rows > 0) Backend::softmax_fwd(p, static_cast<float>(scale), mode);
+    if (p.g.rows > 0) Backend::softmax_fwd(p, scale, mode);
     return p.y;
   }
 
@@ -87,7 +87,7 @@ struct OpTable {
     check_softmax_bwd(op, dy, y, dim, softmax_layout(dim));
     SoftmaxBwdPlan p{dy.contiguous(), y.contiguous(), at::empty(y.sizes(), y.options()), {}};
     p.g = row_geometry(p.y);
-    if (p.g.rows > 0) Backend::softmax_bwd(p, static_cast<float>(scale));
+    if (p.g.rows > 0) Backend::softmax_bwd(p, scale);
     return p.dx;
   }
 

@@ -38,12 +38,17 @@ TE_HD int64_t kept_prefix(int mode, int64_t i, int64_t sq, int64_t sk) {
 // and the difference are formed in double, where both are exact or nearly so, and only the small
 // difference is rounded to fp32: rounding scale * x to fp32 first would cost up to half an ulp
 // of the score, which at a score of 6 is 2.4e-7 of every probability, the largest error of the
-// whole softmax and one that an fp32 composite shares. fp16/bf16 data work in fp32: their
-// output rounding is 2^13 times coarser than that.
+// whole softmax and one that an fp32 composite shares. The scale is the op's own double (0.6, not
+// 0.6f, whose rounding is 4e-8 of every score: for fp32 data that was the largest error left, and
+// it put test_softmax_misaligned_views[fp32-cuda-sk1000]'s dx over its bound on 2026-12-03). The
+// exponential itself is fp32's expf: a double exp, tried the same day, cost the fp32 forward a
+// third of its speed (85% -> 56% of the copy ceiling at sk = 32) for error ratios the scale
+// alone had already brought down. fp16/bf16 data work in fp32: their output rounding is 2^13
+// times coarser than all of this.
 template <bool kWide>
-TE_HD float exp_shifted(float x, float scale, float m) {
+TE_HD float exp_shifted(float x, double scale, float m) {
   if (kWide) return expf(static_cast<float>(static_cast<double>(x) * scale - m));
-  return expf(x * scale - m);
+  return expf(x * static_cast<float>(scale) - m);
 }
 
 // The softmax backward, dx = scale * y * (dy - dot) with dot = sum_j y_j * dy_j, one element at
@@ -62,7 +67,7 @@ TE_HD BwdAcc<kWide> bwd_product(float dy, float y) {
 }
 
 template <bool kWide>
-TE_HD float bwd_element(float dy, float y, BwdAcc<kWide> dot, float scale) {
+TE_HD float bwd_element(float dy, float y, BwdAcc<kWide> dot, double scale) {
   using A = BwdAcc<kWide>;
   return static_cast<float>(static_cast<A>(scale) * static_cast<A>(y) * (static_cast<A>(dy) - dot));
 }

@@ -44,8 +44,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 template <typename T>
 void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T* y,
-                      const RowGeometry& g, float scale, int mode) {
+                      const RowGeometry& g, double scale_d, int mode) {
   constexpr bool kWide = std::is_same<T, float>::value;
+  const float scale = static_cast<float>(scale_d);  // the max and the -inf test; exp takes scale_d
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(g.sk, 1));
   at::parallel_for(0, g.rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> v(g.sk);   // raw x, then exp(scale * x - max)
@@ -66,7 +67,7 @@ void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T
       double sum = 0.0;  // see kAccumulateNote
       for (int64_t j = 0; j < g.sk; ++j) {
         const bool live = on[j] && v[j] * scale != kNegInf;  // a -inf score counts as masked
-        v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale, mx) : 0.f;
+        v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale_d, mx) : 0.f;
         sum += v[j];
       }
       const double inv = sum == 0.0 ? 0.0 : 1.0 / sum;  // fully masked row -> 0
@@ -79,7 +80,7 @@ void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T
 }
 
 template <typename T>
-void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t sk, float scale) {
+void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t sk, double scale) {
   constexpr bool kWide = std::is_same<T, float>::value;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(sk, 1));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
@@ -103,7 +104,7 @@ void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t sk, 
 
 // The CPU backend of OpTable: rows in parallel with at::parallel_for, fp32 accumulation.
 struct CpuBackend {
-  static void softmax_fwd(const SoftmaxFwdPlan& p, float scale, int mode) {
+  static void softmax_fwd(const SoftmaxFwdPlan& p, double scale, int mode) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.x.scalar_type(), "softmax_fwd_cpu", [&] {
       softmax_fwd_rows<scalar_t>(p.x.const_data_ptr<scalar_t>(),
                                  p.mask.defined() ? p.mask.const_data_ptr<bool>() : nullptr,
@@ -112,7 +113,7 @@ struct CpuBackend {
     });
   }
 
-  static void softmax_bwd(const SoftmaxBwdPlan& p, float scale) {
+  static void softmax_bwd(const SoftmaxBwdPlan& p, double scale) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.y.scalar_type(), "softmax_bwd_cpu", [&] {
       softmax_bwd_rows<scalar_t>(p.dy.const_data_ptr<scalar_t>(), p.y.const_data_ptr<scalar_t>(),
                                  p.dx.mutable_data_ptr<scalar_t>(), p.g.rows, p.g.sk, scale);

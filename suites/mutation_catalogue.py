@@ -309,8 +309,8 @@ _CPP = [
     # ---------------------------------------------------------------- csrc/te_fast.cpp (CPU)
     Defect(
         "cpu_no_max_subtraction", "cpu", "csrc/te_fast.cpp",
-        "v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale, mx) : 0.f;",
-        "v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale, 0.f) : 0.f;",
+        "v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale_d, mx) : 0.f;",
+        "v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale_d, 0.f) : 0.f;",
         "CPU forward without the max subtraction: exp overflows on large scores",
         (OPS,), k="large_magnitude",
     ),
@@ -330,8 +330,8 @@ _CPP = [
     ),
     Defect(
         "cpu_backward_unscaled", "cpu", "csrc/te_fast.cpp",
-        "dxr[j] = static_cast<T>(scale * yj * (static_cast<float>(dyr[j]) - dot));",
-        "dxr[j] = static_cast<T>(yj * (static_cast<float>(dyr[j]) - dot));",
+        "static_cast<float>(dyr[j]), static_cast<float>(yr[j]), dot, scale));",
+        "static_cast<float>(dyr[j]), static_cast<float>(yr[j]), dot, 1.0f));",
         "CPU softmax backward drops the scale",
         (OPS,), k="test_softmax",
     ),

@@ -19,7 +19,7 @@ struct SoftmaxFwdArgs {
   int64_t sq;
   int64_t sk;
   int64_t heads;
-  float scale;
+  double scale;  // the op's own: fp32 data use it as is, fp16/bf16 its fp32 rounding
   int mode;  // te_fast_rules::MaskMode
 };
 
@@ -29,7 +29,7 @@ struct SoftmaxBwdArgs {
   void* dx;
   int64_t rows;
   int64_t sk;
-  float scale;
+  double scale;  // the op's own: fp32 data use it as is, fp16/bf16 its fp32 rounding
 };
 
 // Byte-level token-row copies between [t, h, d] and [b, s, h, d]; any element size.

@@ -24,9 +24,10 @@
 // Precision. fp16/bf16: the exponent works in base 2 with the scale folded in,
 // exp2(fma(x, scale * log2 e, -max)) with the hardware's ex2 (relative error about 2^-22), in
 // fp32, and the sums are fp32 (forward_row says more). fp32 data keep the accurate expf of an
-// argument formed in double (te_fast_rules::exp_shifted, as on the CPU), and every sum and the
-// final scaling of fp32 data are double: its output keeps 24 bits. (A float-pair argument with
-// Kahan sums, tried on 2026-12-03, was 3-10 points faster but doubled the fp32 error ratios.)
+// argument formed in double from the op's double scale (te_fast_rules::exp_shifted, as on the
+// CPU), and every sum and the final scaling of fp32 data are double: its output keeps 24 bits.
+// (A float-pair argument with Kahan sums, tried on 2026-12-03, was 3-10 points faster but
+// doubled the fp32 error ratios.)
 #pragma once
 
 #include <cooperative_groups.h>
@@ -215,11 +216,11 @@ __device__ __forceinline__ RowPos row_pos(const SoftmaxFwdArgs& a, int64_t row) 
 }
 
 // e = exp(scale * x - max) of one kept value: base 2 with the scale folded in for fp16/bf16
-// (c = scale * log2 e), the accurate exp with a double argument for fp32 (c = scale).
+// (c = scale * log2 e), the accurate expf of a double argument for fp32 (the double scale).
 template <typename T>
-__device__ __forceinline__ float exp_of(float x, float c, float shift) {
+__device__ __forceinline__ float exp_of(float x, float c, float shift, double scale) {
   if constexpr (kWide<T>) {
-    return exp_shifted<true>(x, c, shift);
+    return exp_shifted<true>(x, scale, shift);
   } else {
     return exp2f(fmaf(x, c, -shift));
   }
@@ -333,7 +334,7 @@ __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row
   } else {
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
-      v[e] = on >> e & 1u ? exp_of<T>(v[e], c, shift) : 0.f;
+      v[e] = on >> e & 1u ? exp_of<T>(v[e], c, shift, a.scale) : 0.f;
       part += v[e];
     }
   }
@@ -464,7 +465,7 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>
   using S = Shape<V, K, G, C>;
   __shared__ Slots<float, S::kWarps> max_slots;
   __shared__ Slots<Acc<T>, S::kWarps> sum_slots;
-  const float c = kWide<T> ? a.scale : static_cast<float>(static_cast<double>(a.scale) * kLog2e);
+  const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   const int64_t stride = static_cast<int64_t>(gridDim.x / C) * S::kRowsPerCta;
   for (int64_t base = static_cast<int64_t>(blockIdx.x / C) * S::kRowsPerCta; base < a.rows;
        base += stride) {
@@ -486,7 +487,7 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>
   using Row = FwdRow<T, V, K, G, C, kMask>;
   __shared__ Slots<float, S::kWarps> max_slots;
   __shared__ Slots<Acc<T>, S::kWarps> sum_slots;
-  const float c = kWide<T> ? a.scale : static_cast<float>(static_cast<double>(a.scale) * kLog2e);
+  const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   pipelined_rows<S::kRowsPerCta, C, G, Row>(a, [&](const Row& r) {
     forward_row<T, V, K, G, C>(
         a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k].bits(); },
@@ -565,7 +566,7 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>
   St st;
   st.xs = reinterpret_cast<typename St::R*>(stage_smem);
   st.ms = reinterpret_cast<typename St::M*>(st.xs + 2 * K * S::kThreads);
-  const float c = kWide<T> ? a.scale : static_cast<float>(static_cast<double>(a.scale) * kLog2e);
+  const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   const int group = S::group();
   const int64_t stride = static_cast<int64_t>(gridDim.x / C) * S::kRowsPerCta;
   int64_t base = static_cast<int64_t>(blockIdx.x / C) * S::kRowsPerCta;
@@ -642,7 +643,7 @@ __device__ __forceinline__ double rescale(float from, float to, bool two) {
 // makes the sum NaN: the row is poisoned, as in a plain softmax.
 template <typename T, int V>
 __device__ __forceinline__ void online_add(MaxSum& t, const float* x, uint32_t bits, float c,
-                                           bool two) {
+                                           double scale, bool two) {
   float cm = -INFINITY;
 #pragma unroll
   for (int e = 0; e < V; ++e) {
@@ -652,7 +653,7 @@ __device__ __forceinline__ void online_add(MaxSum& t, const float* x, uint32_t b
   const float m = max_nan(t.m, cm);
   Acc<T> cs = 0;
 #pragma unroll
-  for (int e = 0; e < V; ++e) cs += bits >> e & 1u ? exp_of<T>(x[e], c, m) : 0.f;
+  for (int e = 0; e < V; ++e) cs += bits >> e & 1u ? exp_of<T>(x[e], c, m, scale) : 0.f;
   // The rescale factor multiplies a whole partial sum: take it in double.
   t.s = (t.m == -INFINITY ? 0.0 : t.s * rescale(t.m, m, two)) + static_cast<double>(cs);
   t.m = m;
@@ -704,7 +705,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArgs a) {
   __shared__ MaxSum smem[kBlockThreads / kWarp];
   const bool two = !kWide<T>;
-  const float c = kWide<T> ? a.scale : static_cast<float>(static_cast<double>(a.scale) * kLog2e);
+  const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   const int64_t step = static_cast<int64_t>(blockDim.x) * V;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const RowPos r = row_pos(a, row);
@@ -714,7 +715,7 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
     for (int64_t j0 = threadIdx.x * V; j0 < limit; j0 += step) {
       float v[V];
       const uint32_t bits = load_kept<T, V>(x, j0, r, limit, v);
-      online_add<T, V>(t, v, bits, c, two);
+      online_add<T, V>(t, v, bits, c, a.scale, two);
     }
     t = block_merge(t, smem, two);
     const double inv = t.s == 0.0 ? 0.0 : 1.0 / t.s;  // fully masked row -> 0
@@ -726,7 +727,7 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         v[e] = bits >> e & 1u && t.s != 0.0  // no kept finite score: all 0 (not -inf - -inf)
-                   ? static_cast<float>(exp_of<T>(v[e], c, t.m) * inv_acc)
+                   ? static_cast<float>(exp_of<T>(v[e], c, t.m, a.scale) * inv_acc)
                    : 0.f;
       }
       Chunk<T, V>::store(y + j0, v);

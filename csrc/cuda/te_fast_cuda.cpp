@@ -55,7 +55,7 @@ k::ConvertArgs convert_args(const at::Tensor& src, const at::Tensor& cu,
 }
 
 struct CudaBackend {
-  static void softmax_fwd(const SoftmaxFwdPlan& p, float scale, int mode) {
+  static void softmax_fwd(const SoftmaxFwdPlan& p, double scale, int mode) {
     const c10::cuda::CUDAGuard guard(p.x.device());
     const k::SoftmaxFwdArgs a{p.x.const_data_ptr(),
                               p.mask.defined() ? p.mask.const_data_ptr<bool>() : nullptr,
@@ -71,7 +71,7 @@ struct CudaBackend {
                                          c10::cuda::getCurrentCUDAStream()));
   }
 
-  static void softmax_bwd(const SoftmaxBwdPlan& p, float scale) {
+  static void softmax_bwd(const SoftmaxBwdPlan& p, double scale) {
     const c10::cuda::CUDAGuard guard(p.y.device());
     const k::SoftmaxBwdArgs a{p.dy.const_data_ptr(), p.y.const_data_ptr(), p.dx.mutable_data_ptr(),
                               p.g.rows, p.g.sk, scale};
