@@ -76,6 +76,8 @@ class AttnCase:
             parts.append("mqa" if self.hg == 1 else f"gqa{self.h // self.hg}")
         if self.dv != self.d:
             parts.append(f"mla{self.d}x{self.dv}")
+        if self.h & (self.h - 1):  # no power of 2: ALiBi's default slopes take a second series
+            parts.append(f"h{self.h}")
         if self.sq != self.skv:
             parts.append(f"cross{self.sq}x{self.skv}")
         elif self.sq == 1:
@@ -174,6 +176,26 @@ def alignment_matrix(device: str) -> list[AttnCase]:
         case = AttnCase("bshd_bshd_bshd", DEVICE_DTYPES[device][0], mask, device=device,
                         bottom_right_diagonal=diagonal)  # fmt: skip
         cases.append(replace(sized(case), sq=sq, skv=skv))
+    return cases
+
+
+def alibi_matrix(device: str) -> list[AttnCase]:
+    """ALiBi with default, per-head and per-batch-and-head slopes x a power-of-2 head count and 6
+    heads x no mask and causal, on bshd in the device's first dtype.
+
+    Why: TE's default slopes are a geometric series over the largest power of 2 below h, then
+    every other term of the next series for the heads past it; with the matrices' power-of-2 head
+    counts that second series never ran outside a random fuzz draw.
+    """
+    cases = []
+    axes = ((None, "h", "bh"), (None, 6), ("no_mask", "causal"))
+    for slopes, heads, mask in itertools.product(*axes):
+        case = sized(AttnCase("bshd_bshd_bshd", DEVICE_DTYPES[device][0], mask, device=device,
+                              bias_type="alibi", alibi_slopes=slopes))  # fmt: skip
+        if heads is not None:
+            case = replace(case, h=heads, hg=heads)
+        if not case.invalid_reason():
+            cases.append(case)
     return cases
 
 

@@ -142,7 +142,7 @@ _PY = [
         "odd = torch.arange(1, 2 * (h - n), 2, device=device, dtype=torch.float32)",
         "odd = torch.arange(2, 2 * (h - n) + 1, 2, device=device, dtype=torch.float32)",
         "default ALiBi slopes for a head count that is no power of 2 take even, not odd, terms",
-        (FUZZ, ATTENTION), k="module or alibi",
+        (ATTENTION, FUZZ), k="module or alibi",
     ),
     Defect(
         "sink_offset_detached", "cpu", "te_fast/attention.py",
@@ -257,7 +257,7 @@ _PY = [
         "        return y.new_empty(y.shape)",
         "        return torch.empty_like(y)",
         "the softmax backward's fake keeps y's strides; the kernel returns a contiguous dx",
-        (FUZZ, CONTRACTS), k="softmax",
+        (CONTRACTS, FUZZ), k="softmax",
     ),
     Defect(
         "autograd_backward_unscaled", "cpu", "te_fast/ops.py",

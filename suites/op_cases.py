@@ -76,13 +76,29 @@ def op_dtypes(op: str):
     return SOFTMAX_DTYPES if _registry.BY_NAME[op].is_softmax else CONVERT_DTYPES
 
 
-def contract_args(op: str, dtype: torch.dtype, device, requires_grad: bool = True) -> tuple:
-    """Arguments for one call of torch.ops.te_fast.<op>; float inputs require grad when they can."""
+# How contract_args lays out its data tensors: "contiguous", or "permuted": dense, but in a storage
+# whose first two dims are swapped (what a transposed q or k gives), so that a fake which copies
+# its input's strides (empty_like) disagrees with a kernel that writes a contiguous output.
+CONTRACT_LAYOUTS = ("contiguous", "permuted")
+
+
+def _laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "contiguous":
+        return t
+    assert layout == "permuted", layout
+    return t.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+def contract_args(
+    op: str, dtype: torch.dtype, device, requires_grad: bool = True, layout: str = "contiguous"
+) -> tuple:
+    """Arguments for one call of torch.ops.te_fast.<op>; float inputs require grad when they can,
+    and are laid out as ``layout`` says (CONTRACT_LAYOUTS; masks and cu_seqlens stay contiguous)."""
     spec = _registry.BY_NAME[op]
     grad = requires_grad and dtype.is_floating_point and dtype.itemsize > 1
 
     def data(shape, scale=1.0):
-        return random_data(shape, dtype, device, scale).requires_grad_(grad)
+        return _laid_out(random_data(shape, dtype, device, scale), layout).requires_grad_(grad)
 
     if not spec.is_softmax:
         # 3 sequences of random lengths (empty ones too) in 20 tokens: a few trailing tokens
@@ -95,8 +111,8 @@ def contract_args(op: str, dtype: torch.dtype, device, requires_grad: bool = Tru
         if spec.masked:
             return (data(shape, 2.0), random_mask((2, 1, 5, 17), device), 0.7)
         return (data(shape, 2.0), 0.7)
-    y = torch.softmax(torch.randn(shape, device=device), -1).to(dtype).requires_grad_(grad)
-    return (data(shape), y, 0.7)
+    y = torch.softmax(torch.randn(shape, device=device), -1).to(dtype)
+    return (data(shape), _laid_out(y, layout).requires_grad_(grad), 0.7)
 
 
 def call(op: str, args: tuple) -> torch.Tensor:

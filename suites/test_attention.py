@@ -11,6 +11,7 @@ from suites import contracts, devices
 from suites.attention_check import check_case, prepare, run_impl
 from suites.cases import (
     AttnCase,
+    alibi_matrix,
     alignment_matrix,
     broad_matrix,
     core_matrix,
@@ -29,6 +30,7 @@ MATRICES = {
     "varlen": lambda dev: varlen_cases(dev),
     "alignment": lambda dev: alignment_matrix(dev),
     "default_scale": lambda dev: default_scale_cases(dev),
+    "alibi": lambda dev: alibi_matrix(dev),
 }
 
 
@@ -88,6 +90,12 @@ def test_thd_inference(adapter, case):
 @pytest.mark.matrix("varlen")
 def test_varlen(adapter, case):
     """Ragged batches: random, zero-length, one full sequence, tokens past cu_seqlens_q[-1]."""
+    check_case(adapter, case)
+
+
+@pytest.mark.matrix("alibi")
+def test_alibi(adapter, case):
+    """ALiBi's default and given slopes on a power-of-2 head count and on 6 heads."""
     check_case(adapter, case)
 
 

@@ -8,9 +8,16 @@ import torch
 from reports import record
 from suites import contracts, devices
 from suites.numerics import assert_bitwise_equal
-from suites.op_cases import DTYPES, OP_NAMES, call, contract_args, op_dtypes
+from suites.op_cases import CONTRACT_LAYOUTS, DTYPES, OP_NAMES, call, contract_args, op_dtypes
 
 CASES = [pytest.param(op, dt, id=f"{op}-{dt}") for op in OP_NAMES for dt in op_dtypes(op)]
+# CASES x the data layouts (ids of the contiguous ones as in CASES)
+LAID_OUT_CASES = [
+    pytest.param(op, dt, layout, id=f"{op}-{dt}" + ("" if layout == "contiguous" else f"-{layout}"))
+    for op in OP_NAMES
+    for dt in op_dtypes(op)
+    for layout in CONTRACT_LAYOUTS
+]
 
 
 def _record(op, dtype_name, device_name):
@@ -26,13 +33,14 @@ ALL_OPCHECK_TESTS = (
 
 
 @pytest.mark.parametrize("device_name", devices.device_params())
-@pytest.mark.parametrize("op,dtype_name", CASES)
-def test_opcheck(op, dtype_name, device_name):
-    """torch.library.opcheck: schema, autograd registration, fake tensor, AOT dispatch (dynamic)."""
+@pytest.mark.parametrize("op,dtype_name,layout", LAID_OUT_CASES)
+def test_opcheck(op, dtype_name, layout, device_name):
+    """torch.library.opcheck: schema, autograd registration, fake tensor (shape, dtype and strides
+    against the real output, contiguous and permuted inputs), AOT dispatch (dynamic)."""
     _record(op, dtype_name, device_name)
     device = devices.require(device_name)
     dtype = DTYPES[dtype_name]
-    args = contract_args(op, dtype, device)
+    args = contract_args(op, dtype, device, layout=layout)
     utils = ALL_OPCHECK_TESTS
     if dtype.itemsize == 1:
         # torch's SchemaCheckMode compares tensors with arithmetic that fp8 lacks ("mul not
@@ -45,12 +53,13 @@ def test_opcheck(op, dtype_name, device_name):
 
 
 @pytest.mark.parametrize("device_name", devices.device_params())
-@pytest.mark.parametrize("op,dtype_name", CASES)
-def test_no_alias_no_mutation(op, dtype_name, device_name):
-    """Forward and backward leave every input and dy bit-identical; outputs have fresh storage."""
+@pytest.mark.parametrize("op,dtype_name,layout", LAID_OUT_CASES)
+def test_no_alias_no_mutation(op, dtype_name, layout, device_name):
+    """Forward and backward leave every input and dy bit-identical; outputs have fresh storage
+    (contiguous and permuted inputs)."""
     _record(op, dtype_name, device_name)
     device = devices.require(device_name)
-    args = contract_args(op, DTYPES[dtype_name], device)
+    args = contract_args(op, DTYPES[dtype_name], device, layout=layout)
     inputs = [a for a in args if isinstance(a, torch.Tensor)]
     before = contracts.snapshot(inputs)
     out = call(op, args)
