@@ -4,8 +4,8 @@ One softmax forward and backward on a bf16 tensor of 2^31 + 3 * 4096 elements (4
 checked on the sampled rows (the first, those around element 2^31, the last) against te_ref
 under SPEC §6. Only the sampled rows of x and dy are written: the rest is fresh, never-touched
 memory that the kernel reads as whatever it holds (every row is independent). It runs in CI
-(about 12 GiB resident, a minute on two cores) and skips with a reason where the machine has
-less memory available; the GPU cases are in test_large.py (`-m large`).
+(8.7 GiB resident and ~85 s on CI's two cores, 2026-12-03) and skips with a reason where the
+machine has less memory available; the GPU cases are in test_large.py (`-m large`).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import te_ref  # noqa: E402
+from suites.fuzz_checks import softmax_bwd_refs  # noqa: E402
 from suites.numerics import floor  # noqa: E402
 from te_fast import ops as fast  # noqa: E402
 
@@ -35,9 +36,8 @@ def _ratio(a, r64, lp, k):
 
 
 def _backward64(dy, y):
-    """scale * y * (dy - sum(dy * y)) in float64, rounded once to fp32."""
-    dy64, y64 = dy.double(), y.double()
-    return (SCALE * y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))).float()
+    """scale * y * (dy - sum(dy * y)) in float64 (the suites' softmax_bwd_refs), rounded once."""
+    return softmax_bwd_refs(dy, y, SCALE, torch.float32)[0].float()
 
 
 def main(device: str, seeds: int = 40, lengths=(13, 100, 1000, 4096)) -> dict:
