@@ -33,6 +33,28 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+WARM_MS = 25.0  # device time of back-to-back calls before the timed ones (do_bench's default)
+
+
+def _warm_for(fn: Callable[[], object], device: torch.device, max_calls: int = 1000) -> None:
+    """Run fn() back to back for about WARM_MS of device time.
+
+    A fixed count of warm-up calls is not enough after the host has kept the GPU idle (a compile
+    between cases): the SM clock ramps back up over milliseconds, and a kernel measured in that
+    window reads slow. Seen on an H200 on 2026-12-04: te_fast's forward at sk = 1024 measured
+    0.282 ms (IQR 0.029) right after an inductor compile, 0.253 ms in a run without compiles.
+    """
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    once = max(start.elapsed_time(end), 1e-3)
+    for _ in range(min(max_calls, int(WARM_MS / once) + 1)):
+        fn()
+    sync(device)
+
+
 def time_calls(fn: Callable[[], object], device: torch.device, reps: int, warmup: int) -> Stats:
     """Median/IQR of fn()'s time per call: CUDA events on the GPU, perf_counter on the CPU.
 
@@ -42,6 +64,8 @@ def time_calls(fn: Callable[[], object], device: torch.device, reps: int, warmup
     for _ in range(warmup):
         fn()
     sync(device)
+    if device.type == "cuda":
+        _warm_for(fn, device)
     if device.type != "cuda":
         samples = []
         for _ in range(reps):
