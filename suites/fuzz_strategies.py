@@ -239,8 +239,9 @@ def module_examples(draw, family: str, device: str):
 
 def softmax_explicit(op: str) -> list[SoftmaxExample]:
     """Batch 1 with one column, zero query rows, an empty batch, odd misaligned and transposed
-    rows, a long row with every layout change, a broadcast x at scale 0, all scores -inf, and
-    (masked op) a fully masked per-batch mask starting mid-vector."""
+    rows, a long row with every layout change, a broadcast x at scale 0, all scores -inf, aligned
+    16-bit rows at scales -0.5 and 0, and (masked op) a fully masked per-batch mask starting
+    mid-vector."""
     three = op == "scaled_upper_triang_masked_softmax"
 
     def shape(b, h, sq, sk):
@@ -256,6 +257,10 @@ def softmax_explicit(op: str) -> list[SoftmaxExample]:
                        dy_layout="expanded", y_layout="offset8", seed=2),
         SoftmaxExample(op, "fp32", shape(2, 3, 2, 1025), 0.0, x_layout="expanded", seed=3),
         SoftmaxExample(op, "bf16", shape(1, 1, 4, 33), 0.7, neg_inf=1.0, seed=4),
+        # 16-byte rows at scale <= 0: the CUDA 16-bit fast kernels hold only the scale > 0 path,
+        # so these must take the one-element kernels (softmax_impl.cuh, wide_chunks_ok)
+        SoftmaxExample(op, "bf16", shape(1, 2, 3, 64), -0.5, seed=5),
+        SoftmaxExample(op, "fp16", shape(2, 1, 3, 1024), 0.0, seed=6),
     ]  # fmt: skip
     if op == "scaled_masked_softmax":
         ex.append(SoftmaxExample(op, "bf16", (3, 2, 5, 40), 0.7, mask_per_batch=True,

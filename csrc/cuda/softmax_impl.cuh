@@ -13,9 +13,16 @@
 // the current one: into shared memory with cp.async for the 16-byte forward, into a second set of
 // registers for the backward. Rows longer than the largest configuration (or clusters
 // unavailable) take the two-pass block kernel at the end of this file, which has no length limit.
-// Rows of at most 512 bytes take a forward that pipelines two rows in registers instead (faster
-// there, slower on long rows). A persistent cluster grid is sized by the clusters that can be
-// resident at once (cudaOccupancyMaxActiveClusters), not by SMs: clusters live inside one GPC.
+// fp32 rows of at most 512 bytes take a forward that pipelines two rows in registers instead
+// (faster there, slower on long rows). A persistent cluster grid is sized by the clusters that can
+// be resident at once (cudaOccupancyMaxActiveClusters), not by SMs: clusters live inside one GPC.
+//
+// The fp16/bf16 forward of rows up to 16K columns in 16-byte chunks (the common case) is simpler
+// and faster (launch_direct): no persistent loop, no staging, each thread group loads its row
+// into registers at once and the grid is as large as the rows need, so the hardware overlaps one
+// CTA's loads with the arithmetic of others; the values stay packed two to a register until the
+// exponential (forward_row_packed). It reaches 96-100% of the copy ceiling from 32 to 8192
+// columns on an H200, where the persistent staged kernel reached 77-89%.
 //
 // Masking: columns at or past kept_prefix (causal modes) are never read and are written as 0; an
 // explicit mask is read V bytes per chunk. A row whose every column is masked (or -inf) is written
@@ -235,6 +242,7 @@ __device__ __forceinline__ float exp_of(float x, float c, float shift, double sc
 // V mask bytes as loaded, or nothing when the kernel has no explicit mask.
 template <int V, bool kMask>
 struct MaskChunk {
+  static constexpr bool kOn = true;
   typename Raw<V>::type raw;
   __device__ __forceinline__ void load(const bool* m) {
     raw = *reinterpret_cast<const typename Raw<V>::type*>(m);
@@ -248,9 +256,17 @@ struct MaskChunk {
     for (int e = 0; e < V; ++e) out |= b[e] ? 1u << e : 0u;
     return out;
   }
+  // For packed 16-bit values: 0xffff in each 16-bit lane of word i (columns 2i and 2i + 1) whose
+  // column is masked out.
+  __device__ __forceinline__ uint32_t lanes(int i) const {
+    static_assert(V == 8, "packed words come from 16-byte chunks of 16-bit values");
+    const uint32_t four = __vcmpne4(i < 2 ? raw.x : raw.y, 0u);  // 0xff in each masked byte
+    return __byte_perm(four, 0u, i % 2 == 0 ? 0x1100 : 0x3322);
+  }
 };
 template <int V>
 struct MaskChunk<V, false> {
+  static constexpr bool kOn = false;
   __device__ __forceinline__ void load(const bool*) {}
   __device__ __forceinline__ uint32_t bits() const { return 0; }
 };
@@ -264,23 +280,121 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// The forward computation of one row from this thread's chunks, however they are held:
-// chunk(k) gives chunk k as loaded, masked(k) the bits of its masked-out columns (explicit mask).
-// Columns at or past `limit` are masked (causal modes; 0 for a row past the end, which takes
-// part in the reductions and writes nothing). The values stay in registers from the first pass
-// to the write.
-//
-// fp16/bf16 with scale > 0 (the hot path: few instructions per element, so that the kernel keeps
-// up with HBM): masked columns become -inf, m = max x, e = 2^fma(x, c, -fl(m * c)) with
-// c = scale * log2 e (a masked -inf gives 0), y = e / sum e. The fma forms x * c - m exactly
-// before rounding, so large |x| lose nothing. Otherwise (fp32 data, or scale <= 0) masked
-// columns are tracked as bits and the max is taken of fl(x * c); fp32 takes the accurate expf of
-// an argument formed in double (exp_shifted), with sums and the final scaling in double.
+// fp16/bf16 values two to a 32-bit word, as loaded: the dtype's -inf in both lanes, the max of
+// each lane pair (HMNMX2: exact, and it drops a NaN as fmaxf does), and each lane widened.
+template <typename T>
+struct Packed;
+template <>
+struct Packed<__nv_bfloat16> {
+  static constexpr uint32_t kNegInf2 = 0xff80ff80u;
+  __device__ __forceinline__ static uint32_t max2(uint32_t a, uint32_t b) {
+    const __nv_bfloat162 m = __hmax2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&m);
+  }
+  __device__ __forceinline__ static float lo(uint32_t w) { return __uint_as_float(w << 16); }
+  __device__ __forceinline__ static float hi(uint32_t w) {
+    return __uint_as_float(w & 0xffff0000u);
+  }
+};
+template <>
+struct Packed<__half> {
+  static constexpr uint32_t kNegInf2 = 0xfc00fc00u;
+  __device__ __forceinline__ static uint32_t max2(uint32_t a, uint32_t b) {
+    const __half2 m = __hmax2(*reinterpret_cast<const __half2*>(&a),
+                              *reinterpret_cast<const __half2*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&m);
+  }
+  __device__ __forceinline__ static float lo(uint32_t w) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+  }
+  __device__ __forceinline__ static float hi(uint32_t w) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+  }
+};
+
+// forward_row's hot path (fp16/bf16 in 16-byte chunks, scale > 0) on packed words: a masked
+// column's word lane is overwritten with -inf (one LOP3 per word), the thread's max is taken two
+// columns per instruction, and each value is widened once, on its way into the exponential
+// e = 2^fma(x, c, -fl(m * c)), whose -inf lanes give 0. The results are the same bits as
+// forward_row's general path: the same max, the same e, summed in the same order.
 template <typename T, int V, int K, int G, int C, typename ChunkAt, typename MaskedAt,
           typename MaxSlots, typename SumSlots>
-__device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row, int limit,
-                                            float c, ChunkAt chunk, MaskedAt masked,
-                                            MaxSlots& max_slots, SumSlots& sum_slots) {
+__device__ __forceinline__ void forward_row_packed(const SoftmaxFwdArgs& a, int64_t row,
+                                                   int limit, float c, ChunkAt chunk,
+                                                   MaskedAt masked, MaxSlots& max_slots,
+                                                   SumSlots& sum_slots) {
+  using S = Shape<V, K, G, C>;
+  using P = Packed<T>;
+  constexpr int kW = V / 2;  // words per chunk
+  uint32_t w[K * kW];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int j0 = S::col(k);
+    uint32_t* wk = w + k * kW;
+    if (j0 >= limit) {  // never loaded: wholly masked
+#pragma unroll
+      for (int i = 0; i < kW; ++i) wk[i] = P::kNegInf2;
+      continue;
+    }
+    const auto raw = chunk(k).raw;
+    static_assert(sizeof(raw) == kW * sizeof(uint32_t), "one 16-byte chunk");
+#pragma unroll
+    for (int i = 0; i < kW; ++i) wk[i] = reinterpret_cast<const uint32_t*>(&raw)[i];
+    if (j0 + V > limit) {  // the chunk the causal limit cuts
+#pragma unroll
+      for (int i = 0; i < kW; ++i) {
+        const uint32_t cut = (j0 + 2 * i < limit ? 0u : 0x0000ffffu) |
+                             (j0 + 2 * i + 1 < limit ? 0u : 0xffff0000u);
+        wk[i] = (wk[i] & ~cut) | (P::kNegInf2 & cut);
+      }
+    }
+    if constexpr (decltype(masked(k))::kOn) {
+      const auto m = masked(k);
+#pragma unroll
+      for (int i = 0; i < kW; ++i) {
+        const uint32_t off = m.lanes(i);
+        wk[i] = (wk[i] & ~off) | (P::kNegInf2 & off);
+      }
+    }
+  }
+  uint32_t m2 = w[0];
+#pragma unroll
+  for (int i = 1; i < K * kW; ++i) m2 = P::max2(m2, w[i]);
+  float mx = fmaxf(P::lo(m2), P::hi(m2));
+  mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
+  const float shift = mx == -INFINITY ? 0.f : mx * c;  // all kept scores -inf: every e is 0
+  float v[K * V];
+  float part = 0.f;
+#pragma unroll
+  for (int i = 0; i < K * kW; ++i) {
+    v[2 * i] = fast_exp2(fmaf(P::lo(w[i]), c, -shift));
+    part += v[2 * i];
+    v[2 * i + 1] = fast_exp2(fmaf(P::hi(w[i]), c, -shift));
+    part += v[2 * i + 1];
+  }
+  const float sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
+  const float inv = sum == 0.f ? 0.f : 1.f / sum;  // fully masked row -> 0
+  if (row >= a.rows) return;
+  T* y = static_cast<T*>(a.y) + row * a.sk;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int j0 = S::col(k);
+    if (j0 >= a.sk) continue;
+    float o[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) o[e] = v[k * V + e] * inv;
+    Chunk<T, V>::store(y + j0, o);
+  }
+}
+
+// forward_row's general path: fp32 data, one-element chunks, scale <= 0 (see forward_row).
+template <typename T, int V, int K, int G, int C, typename ChunkAt, typename MaskedAt,
+          typename MaxSlots, typename SumSlots>
+__device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int64_t row,
+                                                    int limit, float c, ChunkAt chunk,
+                                                    MaskedAt masked, MaxSlots& max_slots,
+                                                    SumSlots& sum_slots) {
   using S = Shape<V, K, G, C>;
   using A = Acc<T>;
   constexpr int kE = K * V;
@@ -305,7 +419,7 @@ __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row
 #pragma unroll
       for (int e = 0; e < V; ++e) bits &= j0 + e < limit ? kFull : ~(1u << e);
     }
-    bits &= ~masked(k);
+    bits &= ~masked(k).bits();
     on |= bits << (k * V);
     if (bits != kFull) {
 #pragma unroll
@@ -350,6 +464,32 @@ __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row
 #pragma unroll
     for (int e = 0; e < V; ++e) o[e] = static_cast<float>(v[k * V + e] * inv);
     Chunk<T, V>::store(y + j0, o);
+  }
+}
+
+// The forward computation of one row from this thread's chunks, however they are held:
+// chunk(k) gives chunk k as loaded, masked(k) its MaskChunk (explicit mask).
+// Columns at or past `limit` are masked (causal modes; 0 for a row past the end, which takes
+// part in the reductions and writes nothing). The values stay in registers from the first pass
+// to the write.
+//
+// fp16/bf16 with scale > 0 (the hot path: few instructions per element, so that the kernel keeps
+// up with HBM): masked columns become -inf, m = max x, e = 2^fma(x, c, -fl(m * c)) with
+// c = scale * log2 e (a masked -inf gives 0), y = e / sum e. The fma forms x * c - m exactly
+// before rounding, so large |x| lose nothing. Otherwise (fp32 data, or scale <= 0) masked
+// columns are tracked as bits and the max is taken of fl(x * c); fp32 takes the accurate expf of
+// an argument formed in double (exp_shifted), with sums and the final scaling in double.
+template <typename T, int V, int K, int G, int C, typename ChunkAt, typename MaskedAt,
+          typename MaxSlots, typename SumSlots>
+__device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row, int limit,
+                                            float c, ChunkAt chunk, MaskedAt masked,
+                                            MaxSlots& max_slots, SumSlots& sum_slots) {
+  if constexpr (!kWide<T> && V == kVec<T>) {
+    // The host launches 16-byte fp16/bf16 kernels only where c > 0 (wide_chunks_ok): they hold the
+    // packed path alone, so its registers are all theirs.
+    forward_row_packed<T, V, K, G, C>(a, row, limit, c, chunk, masked, max_slots, sum_slots);
+  } else {
+    forward_row_general<T, V, K, G, C>(a, row, limit, c, chunk, masked, max_slots, sum_slots);
   }
 }
 
@@ -458,9 +598,12 @@ __device__ __forceinline__ void pipelined_rows(const Args& a, Process process) {
   }
 }
 
-// One element per access: one row at a time, held in registers.
-template <typename T, int V, int K, int G, int C, bool kMask>
-__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>::kMinCtasPerSm)
+// One row at a time, held in registers: the one-element-access path (on a persistent grid), and
+// the 16-byte fp16/bf16 path of rows up to 16K columns (a CTA, or a cluster, per row group, the
+// grid as large as the rows need). kSmThreads is the occupancy the register budget is sized for.
+template <typename T, int V, int K, int G, int C, bool kMask, int kSmThreads>
+__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads,
+                                  kSmThreads / Shape<V, K, G, C>::kThreads)
     softmax_fwd_rows(SoftmaxFwdArgs a) {
   using S = Shape<V, K, G, C>;
   __shared__ Slots<float, S::kWarps> max_slots;
@@ -472,7 +615,7 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>
     FwdRow<T, V, K, G, C, kMask> r;
     r.fetch(a, base + S::group());
     forward_row<T, V, K, G, C>(
-        a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k].bits(); },
+        a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k]; },
         max_slots, sum_slots);
   }
   cluster_exit<C>();
@@ -490,7 +633,7 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>
   const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   pipelined_rows<S::kRowsPerCta, C, G, Row>(a, [&](const Row& r) {
     forward_row<T, V, K, G, C>(
-        a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k].bits(); },
+        a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k]; },
         max_slots, sum_slots);
   });
   cluster_exit<C>();
@@ -575,12 +718,9 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>
     forward_row<T, V, K, G, C>(
         a, row, limit, c, [&](int k) { return Chunk<T, V>{*st.x_slot(buf, k)}; },
         [&](int k) {
-          if constexpr (kMask) {
-            MaskChunk<V, true> m{*st.m_slot(buf, k)};
-            return m.bits();
-          } else {
-            return 0u;
-          }
+          MaskChunk<V, kMask> m;
+          if constexpr (kMask) m.raw = *st.m_slot(buf, k);
+          return m;
         },
         max_slots, sum_slots);
   };
@@ -835,6 +975,15 @@ inline int sm_count() {
   return n;
 }
 
+template <typename Kn>
+constexpr bool persistent(decltype(Kn::kPersistent)) {
+  return Kn::kPersistent;
+}
+template <typename Kn>
+constexpr bool persistent(...) {
+  return true;
+}
+
 // A persistent grid: as many CTAs (whole clusters) as stay resident, never more than the rows
 // need.
 template <typename Kn, typename Args>
@@ -843,10 +992,14 @@ cudaError_t launch_rows(int rows_per_cta, int threads, int cluster, const Args& 
   const auto kernel = Kn::get();
   const size_t smem = Kn::smem();
   const int64_t needed = (a.rows + rows_per_cta - 1) / rows_per_cta;  // CTAs (or clusters)
-  const int per_sm = resident_ctas_per_sm<Kn>(kernel, threads, smem);
+  constexpr bool kPersistent = persistent<Kn>(0);
   if (cluster == 1) {
-    const int64_t resident = static_cast<int64_t>(sm_count()) * per_sm;
-    int64_t units = needed < resident ? needed : (resident > 0 ? resident : 1);
+    int64_t units = needed;
+    if (kPersistent) {
+      const int64_t resident =
+          static_cast<int64_t>(sm_count()) * resident_ctas_per_sm<Kn>(kernel, threads, smem);
+      units = needed < resident ? needed : (resident > 0 ? resident : 1);
+    }
     units = units < kMaxCtas ? units : kMaxCtas;
     kernel<<<static_cast<unsigned>(units), threads, smem, stream>>>(a);
     return cudaGetLastError();
@@ -862,19 +1015,24 @@ cudaError_t launch_rows(int rows_per_cta, int threads, int cluster, const Args& 
   attr[0].val.clusterDim.z = 1;
   config.attrs = attr;
   config.numAttrs = 1;
-  // Clusters must fit in one GPC: fewer of them are resident at once than SMs * CTAs per SM /
-  // cluster suggests, and a persistent grid larger than that would run a second, mostly idle wave.
-  static int resident = 0;  // one per kernel (Kn)
-  if (resident == 0) {
-    config.gridDim = dim3(static_cast<unsigned>(cluster));
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess || n <= 0) {
-      (void)cudaGetLastError();
-      n = sm_count() * per_sm / cluster;
+  int64_t units = needed;
+  if (kPersistent) {
+    // Clusters must fit in one GPC: fewer of them are resident at once than SMs * CTAs per SM /
+    // cluster suggests, and a persistent grid larger than that would run a second, mostly idle
+    // wave.
+    static int resident = 0;  // one per kernel (Kn)
+    if (resident == 0) {
+      const int per_sm = resident_ctas_per_sm<Kn>(kernel, threads, smem);
+      config.gridDim = dim3(static_cast<unsigned>(cluster));
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        n = sm_count() * per_sm / cluster;
+      }
+      resident = n > 0 ? n : 1;
     }
-    resident = n > 0 ? n : 1;
+    units = needed < resident ? needed : resident;
   }
-  int64_t units = needed < resident ? needed : resident;
   units = units < kMaxCtas ? units : kMaxCtas;
   config.gridDim = dim3(static_cast<unsigned>(units * cluster));
   return cudaLaunchKernelEx(&config, kernel, a);
@@ -889,7 +1047,7 @@ struct FwdKernel {
     if constexpr (kStaged) {
       return softmax_fwd_staged<T, V, K, G, C, kMask>;
     } else {
-      return softmax_fwd_rows<T, V, K, G, C, kMask>;
+      return softmax_fwd_rows<T, V, K, G, C, kMask, 1024>;
     }
   }
   static size_t smem() { return kStaged ? FwdStage<T, V, K, G, C, kMask>::kBytes : 0; }
@@ -898,6 +1056,15 @@ template <typename T, int V, int K, int G, int C, bool kMask>
 struct FwdPipeKernel {
   static auto get() { return softmax_fwd_pipelined<T, V, K, G, C, kMask>; }
   static size_t smem() { return 0; }
+};
+template <int kSmThreads>
+struct FwdDirect {
+  template <typename T, int V, int K, int G, int C, bool kMask>
+  struct Kernel {
+    static constexpr bool kPersistent = false;
+    static auto get() { return softmax_fwd_rows<T, V, K, G, C, kMask, kSmThreads>; }
+    static size_t smem() { return 0; }
+  };
 };
 template <typename T, int V, int K, int G, int C, bool kMask>
 struct BwdKernel {
@@ -972,11 +1139,11 @@ cudaError_t launch_block(Kernel kernel, const Args& a, cudaStream_t stream) {
 // for one-element chunks); a backward thread holds two rows of 2 chunks of dy and y each (8
 // values of each for one-element chunks). The 512-thread and cluster shapes spill a little.
 //
-// Short rows (up to 512 bytes: 256 fp16/bf16 or 128 fp32 columns, 16 threads at most) take the
+// Short fp32 rows (up to 512 bytes: 128 columns, 16 threads at most) take the
 // register-pipelined kernel with two chunks a thread; longer rows the shared-memory staged one
-// with four. Measured on an H200 (2026-12-03, python -m benchmarks): the pipelined kernel is
-// 4-9 points of the copy ceiling faster up to 256 bf16 columns and slower beyond (62% against
-// 79% at 16K), where its clusters are twice as large.
+// with four. Measured on an H200 (2026-12-03, python -m benchmarks, when 16-bit rows took these
+// kernels too): the pipelined kernel was 4-9 points of the copy ceiling faster up to 256 bf16
+// columns and slower beyond (62% against 79% at 16K), where its clusters are twice as large.
 template <typename T, bool kMask>
 bool launch_short_rows(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
   constexpr int V = kVec<T>;
@@ -989,15 +1156,63 @@ bool launch_short_rows(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t
          try_shape<FwdPipeKernel, T, V, 2, 16, 1, kMask>(a, stream, err);
 }
 
+// fp16/bf16 rows of 16-byte chunks up to 16K columns: one row per thread group of one CTA, all
+// of its chunks loaded at once into registers, the grid as large as the rows need (the hardware
+// overlaps one CTA's loads with another's arithmetic). Up to 2048 columns two chunks a thread
+// (16 values, 40 registers: 1536 threads per SM; rows of one warp or less with a mask take 1024,
+// where 40 registers spill), beyond that four (64 registers, 1024 threads). Measured on an H200 on 2026-12-04 against the
+// persistent staged kernel (python -m benchmarks, bf16): 98-100% of the copy ceiling against
+// 86-90% up to 2048 columns, 96/97/90% against 81/80/85% at 4K/8K/16K. Longer rows keep the
+// staged kernel's clusters: this design on clusters of 2..8 CTAs reached 65/58% at 32K/64K
+// against their 77/68% (same day).
+template <typename T, bool kMask>
+bool launch_direct(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
+  constexpr int V = kVec<T>;
+  using Short = FwdDirect<kMask ? 1024 : 1536>;
+  using Mid = FwdDirect<1536>;
+  using Long = FwdDirect<1024>;
+  return try_shape<Short::template Kernel, T, V, 1, 1, 1, kMask>(a, stream, err) ||
+         try_shape<Short::template Kernel, T, V, 1, 2, 1, kMask>(a, stream, err) ||
+         try_shape<Short::template Kernel, T, V, 2, 2, 1, kMask>(a, stream, err) ||
+         try_shape<Short::template Kernel, T, V, 2, 4, 1, kMask>(a, stream, err) ||
+         try_shape<Short::template Kernel, T, V, 2, 8, 1, kMask>(a, stream, err) ||
+         try_shape<Short::template Kernel, T, V, 2, 16, 1, kMask>(a, stream, err) ||
+         try_shape<Short::template Kernel, T, V, 2, 32, 1, kMask>(a, stream, err) ||
+         try_shape<Mid::template Kernel, T, V, 2, 64, 1, kMask>(a, stream, err) ||
+         try_shape<Mid::template Kernel, T, V, 2, 128, 1, kMask>(a, stream, err) ||
+         try_shape<Long::template Kernel, T, V, 4, 128, 1, kMask>(a, stream, err) ||
+         try_shape<Long::template Kernel, T, V, 4, 256, 1, kMask>(a, stream, err) ||
+         try_shape<Long::template Kernel, T, V, 4, 512, 1, kMask>(a, stream, err);
+}
+
+// Whether a row may take the 16-byte kernels: fp16/bf16 ones hold only the packed path, which
+// needs c = fl(scale * log2 e) > 0 (the kernels' own expression); any other scale takes the
+// one-element kernels and their general path.
+template <typename T>
+bool wide_chunks_ok(const SoftmaxFwdArgs& a) {
+  return chunks_fit<T>(a, kVec<T>) && (kWide<T> || static_cast<float>(a.scale * kLog2e) > 0.f);
+}
+
 template <typename T, bool kMask>
 cudaError_t softmax_fwd_masked(const SoftmaxFwdArgs& a, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
-  if (chunks_fit<T>(a, kVec<T>)) {
-    if (launch_short_rows<T, kMask>(a, stream, err) ||
-        launch_registers<FwdKernel, T, kVec<T>, 4, kMask>(a, stream, err)) {
-      return err;
+  if (wide_chunks_ok<T>(a)) {
+    constexpr int V = kVec<T>;
+    if constexpr (kWide<T>) {
+      if (launch_short_rows<T, kMask>(a, stream, err) ||
+          launch_registers<FwdKernel, T, V, 4, kMask>(a, stream, err)) {
+        return err;
+      }
+    } else {  // rows past 16K columns: the staged kernel's clusters
+      if (launch_direct<T, kMask>(a, stream, err) ||
+          (clusters_supported() &&
+           (try_shape<FwdKernel, T, V, 4, kBlockThreads, 2, kMask>(a, stream, err) ||
+            try_shape<FwdKernel, T, V, 4, kBlockThreads, 4, kMask>(a, stream, err) ||
+            try_shape<FwdKernel, T, V, 4, kBlockThreads, 8, kMask>(a, stream, err)))) {
+        return err;
+      }
     }
-    return launch_block(softmax_fwd_block<T, kVec<T>>, a, stream);
+    return launch_block(softmax_fwd_block<T, V>, a, stream);
   }
   if (launch_registers<FwdKernel, T, 1, kWide<T> ? 8 : 16, kMask>(a, stream, err)) return err;
   return launch_block(softmax_fwd_block<T, 1>, a, stream);
