@@ -313,6 +313,25 @@ struct Packed<__half> {
   }
 };
 
+// Writes this thread's chunks of row `row` (unless it is past the end): y = e * inv, rounded
+// once to T (inv is double for fp32 data).
+template <typename T, int V, int K, int G, int C, typename A>
+__device__ __forceinline__ void store_row(const SoftmaxFwdArgs& a, int64_t row, const float* v,
+                                          A inv) {
+  using S = Shape<V, K, G, C>;
+  if (row >= a.rows) return;
+  T* y = static_cast<T*>(a.y) + row * a.sk;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int j0 = S::col(k);
+    if (j0 >= a.sk) continue;
+    float o[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) o[e] = static_cast<float>(v[k * V + e] * inv);
+    Chunk<T, V>::store(y + j0, o);
+  }
+}
+
 // forward_row's hot path (fp16/bf16 in 16-byte chunks, scale > 0) on packed words: a masked
 // column's word lane is overwritten with -inf (one LOP3 per word), the thread's max is taken two
 // columns per instruction, and each value is widened once, on its way into the exponential
@@ -375,17 +394,7 @@ __device__ __forceinline__ void forward_row_packed(const SoftmaxFwdArgs& a, int6
   }
   const float sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
   const float inv = sum == 0.f ? 0.f : 1.f / sum;  // fully masked row -> 0
-  if (row >= a.rows) return;
-  T* y = static_cast<T*>(a.y) + row * a.sk;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int j0 = S::col(k);
-    if (j0 >= a.sk) continue;
-    float o[V];
-#pragma unroll
-    for (int e = 0; e < V; ++e) o[e] = v[k * V + e] * inv;
-    Chunk<T, V>::store(y + j0, o);
-  }
+  store_row<T, V, K, G, C>(a, row, v, inv);
 }
 
 // forward_row's general path: fp32 data, one-element chunks, scale <= 0 (see forward_row).
@@ -454,17 +463,7 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
   }
   const A sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
   const A inv = sum == A(0) ? A(0) : A(1) / sum;  // fully masked row -> 0
-  if (row >= a.rows) return;
-  T* y = static_cast<T*>(a.y) + row * a.sk;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int j0 = S::col(k);
-    if (j0 >= a.sk) continue;
-    float o[V];
-#pragma unroll
-    for (int e = 0; e < V; ++e) o[e] = static_cast<float>(v[k * V + e] * inv);
-    Chunk<T, V>::store(y + j0, o);
-  }
+  store_row<T, V, K, G, C>(a, row, v, inv);
 }
 
 // The forward computation of one row from this thread's chunks, however they are held:
