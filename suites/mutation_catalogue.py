@@ -51,8 +51,8 @@ class SuiteSet:
 
 # test_selftest.py checks the checks (against deliberately broken stand-ins), not te_fast, and
 # test_large.py (-m large) needs ~40 GiB per test: neither belongs to the set a defect must pass.
-# tests/test_eager_softmax.py and tests/test_chunked_core.py test te_fast's eager paths directly.
-_TE_FAST_TESTS = ("suites", "tests/test_eager_softmax.py", "tests/test_chunked_core.py")
+# tests/test_eager_softmax.py and tests/test_eager_core.py test te_fast's eager paths directly.
+_TE_FAST_TESTS = ("suites", "tests/test_eager_softmax.py", "tests/test_eager_core.py")
 SUITES = {
     "cpu": SuiteSet(_TE_FAST_TESTS, "not gpu and not large", ("suites/test_selftest.py",)),
     "cuda": SuiteSet(_TE_FAST_TESTS, "gpu and not large", ("suites/test_selftest.py",)),
@@ -227,11 +227,11 @@ _PY = [
         (ATTENTION,), k="core",
     ),
     Defect(
-        "chunked_backward_unscaled", "cpu", "te_fast/_eager.py",
+        "core_backward_unscaled", "cpu", "te_fast/_eager.py",
         "                ds = ctx.bwd(dp, p, ctx.scale)",
         "                ds = ctx.bwd(dp, p, 1.0)",
-        "the chunked eager core (long fp16/bf16 training calls) drops the scale in its backward",
-        ("tests/test_chunked_core.py",),
+        "the eager core (plain eager fp16/bf16 calls) drops the scale in its backward",
+        ("tests/test_eager_core.py",),
     ),
     # ---------------------------------------------------------------- te_fast/ops.py
     Defect(

@@ -97,14 +97,24 @@ def softmax(
         return _run(fwd, x, mask, scale, rows)
 
 
-# ----------------------------------------------------------------------------- chunked core
-# Eager training at long sequence lengths is bound by memory, not time: an unfused attention
-# holds the probabilities P for the backward (one [b, h, sq, skv] tensor), and whole-tensor
-# steps add the scores next to P in the forward and dP and dS next to P in the backward, three
-# such tensors at once. The chunked core runs BMM1 -> softmax -> BMM2 and its backward slice by
-# slice along the batch (or head) axis, so that besides P only one slice's scores, or one
-# slice's dP and dS, are alive. Every row is computed by the same kernels as without chunks
-# (te_fast's softmax rows are batch-invariant), in the same order per slice.
+# ----------------------------------------------------------------------------- eager core
+# Plain eager fp16/bf16 attention (vanilla softmax, no bias, no active dropout, no max_logit) runs
+# BMM1 -> softmax -> BMM2 and its backward here, as one autograd node, which removes two costs of
+# recording torch.matmul and the softmax separately:
+# - Copies. q, k and v reach the core as permuted views of bshd/sbhd/thd tensors. torch.matmul
+#   folds (b, h) into one batch axis, and for bshd that is not a view: autograd's path copied q,
+#   k, v, the output and dO (H200, 2026-12-04, b16 h32 s2048 d128 bf16: five copies, 2.4 ms of a
+#   14.45 ms step, aten's strided copy running at ~1.1 TB/s). Here every GEMM runs on the strided
+#   views themselves (cuBLAS takes any batch stride and a leading dimension per matrix: one
+#   batched GEMM per batch element when (b, h) do not fold), and the output and the gradients
+#   are written straight into tensors laid out as the inputs are, so that the module's final
+#   permute and reshape are views.
+# - Memory. An unfused attention holds the probabilities P for the backward (one [b, h, sq, skv]
+#   tensor); whole-tensor steps add the scores next to P in the forward and dP and dS next to P in
+#   the backward. The core runs slice by slice along the batch (or head) axis, so that besides P
+#   only one slice's scores, or one slice's dP and dS, are alive.
+# Every row is computed by the same kernels as on the whole tensor (te_fast's softmax rows are
+# batch-invariant).
 
 
 def chunk_bounds(b: int, h: int, sq: int, skv: int, itemsize: int, limit: int):
@@ -130,26 +140,71 @@ def _take(t, axis, lo, hi):
     return t[lo:hi] if axis == 0 else t[:, lo:hi]
 
 
-def _chunked_forward(q, k, v, mask, softmax, axis, bounds):
-    """(o [b, h, sq, dv], [P of each slice]): softmax(q k^T) v, slice by slice."""
-    probs, outs = [], []
+def _empty_like_layout(t, size):
+    """An empty tensor of ``size`` (t's rank) whose axes lie in memory in the order of t's
+    strides, largest first: for a permuted view of a bshd tensor, a bshd tensor."""
+    order = sorted(range(t.dim()), key=lambda i: (-t.stride(i), i))
+    return torch.empty_permuted(size, order, dtype=t.dtype, device=t.device)
+
+
+def _fold(t):
+    """(n, h, m, k) -> (n * h, m, k) when one batch stride covers both leading axes (a view);
+    None when it does not (bshd views: b and h have unrelated strides)."""
+    n, h = t.shape[:2]
+    if n == 1 or h == 1 or t.stride(0) == h * t.stride(1):
+        return t.flatten(0, 1)
+    return None
+
+
+# A batch element's GEMM of at least this many multiply-adds (h * m * k * p) takes its own
+# cuBLAS call: ~7 us of GPU time on an H200 at this size, about one Python launch, so a loop over
+# the batch keeps the GPU busy; below it (and beyond two batch elements) copying the operands
+# into one batched GEMM, as torch.matmul does, costs less host time.
+_LOOP_MACS = 1 << 32
+
+
+def _matmul_into(a, b, out):
+    """out[...] = a @ b for a (n, h, m, k), b (n, h, k, p) and out (n, h, m, p), any strides;
+    returns out."""
+    fa, fb, fo = _fold(a), _fold(b), _fold(out)
+    if fa is not None and fb is not None and fo is not None:
+        torch.bmm(fa, fb, out=fo)
+        return out
+    n, h, m, k = a.shape
+    if n <= 2 or h * m * k * b.shape[-1] >= _LOOP_MACS:
+        for i in range(n):
+            torch.bmm(a[i], b[i], out=out[i])
+    else:
+        out.copy_(torch.matmul(a, b))
+    return out
+
+
+def _core_forward(q, k, v, mask, softmax, axis, bounds, keep_probs):
+    """(o [b, h, sq, dv], [P of each slice] if keep_probs): softmax(q k^T) v, slice by slice; o
+    is laid out in memory as q is."""
+    b, h, sq, _ = q.shape
+    o = _empty_like_layout(q, (b, h, sq, v.shape[-1]))
+    probs = []
     for lo, hi in bounds:
-        scores = torch.matmul(_take(q, axis, lo, hi), _take(k, axis, lo, hi).transpose(-2, -1))
-        p = softmax(scores, _take(mask, axis, lo, hi))
+        q_c, k_c, v_c = (_take(t, axis, lo, hi) for t in (q, k, v))
+        scores = q.new_empty(q_c.shape[:-1] + (k_c.shape[-2],))  # (n, h, sq, skv)
+        p = softmax(_matmul_into(q_c, k_c.transpose(-2, -1), scores), _take(mask, axis, lo, hi))
         del scores  # only one slice's scores at a time
-        probs.append(p)
-        outs.append(torch.matmul(p, _take(v, axis, lo, hi)))
-    return torch.cat(outs, dim=axis), probs
+        _matmul_into(p, v_c, _take(o, axis, lo, hi))
+        if keep_probs:
+            probs.append(p)
+    return o, probs
 
 
-class _ChunkedCore(torch.autograd.Function):
+class _Core(torch.autograd.Function):
     """o = softmax(q k^T) v over slices, P saved per slice; the backward, slice by slice:
-    dV = P^T dO, dP = dO V^T, dS = <softmax>_bwd(dP, P, scale), dQ = dS K, dK = dS^T Q."""
+    dV = P^T dO, dP = dO V^T, dS = <softmax>_bwd(dP, P, scale), dQ = dS K, dK = dS^T Q, each
+    gradient laid out in memory as its input is."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, softmax, bwd, scale, axis, bounds):
         with _below_autograd():
-            o, probs = _chunked_forward(q, k, v, mask, softmax, axis, bounds)
+            o, probs = _core_forward(q, k, v, mask, softmax, axis, bounds, True)
         ctx.save_for_backward(q, k, v, *probs)
         ctx.bwd, ctx.scale, ctx.axis, ctx.bounds = bwd, scale, axis, bounds
         return o
@@ -158,30 +213,39 @@ class _ChunkedCore(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, do):
         q, k, v, *probs = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        dq, dk, dv = (
+            _empty_like_layout(t, t.shape) if need else None
+            for t, need in ((q, need_q), (k, need_k), (v, need_v))
+        )
         axis = ctx.axis
-        dq, dk, dv = [], [], []
         with _below_autograd():
             for (lo, hi), p in zip(ctx.bounds, probs):
                 do_c, q_c, k_c, v_c = (_take(t, axis, lo, hi) for t in (do, q, k, v))
-                dv.append(torch.matmul(p.transpose(-2, -1), do_c))
-                dp = torch.matmul(do_c, v_c.transpose(-2, -1))
+                if need_v:
+                    _matmul_into(p.transpose(-2, -1), do_c, _take(dv, axis, lo, hi))
+                if not (need_q or need_k):
+                    continue
+                dp = _matmul_into(do_c, v_c.transpose(-2, -1), torch.empty_like(p))
                 ds = ctx.bwd(dp, p, ctx.scale)
                 del dp  # only one slice's dP and dS at a time
-                dq.append(torch.matmul(ds, k_c))
-                dk.append(torch.matmul(ds.transpose(-2, -1), q_c))
+                if need_q:
+                    _matmul_into(ds, k_c, _take(dq, axis, lo, hi))
+                if need_k:
+                    _matmul_into(ds.transpose(-2, -1), q_c, _take(dk, axis, lo, hi))
                 del ds
-        cat = [torch.cat(g, dim=axis) for g in (dq, dk, dv)]
-        return (*cat, None, None, None, None, None, None)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
-def chunked_core(q, k, v, mask, softmax, scale, plan):
-    """softmax(q k^T) v [b, h, sq, dv] over the slices of ``plan`` (chunk_bounds), for plain
-    eager calls. q/k/v [b, h, s, d] (k and v with h heads); mask: what ``softmax(scores,
-    mask)`` takes, sliced with the scores where it is not broadcast on that axis; the
-    backward uses scaled_softmax_bwd (every te_fast softmax has the same backward)."""
+def core(q, k, v, mask, softmax, scale, plan):
+    """softmax(q k^T) v [b, h, sq, dv] (laid out in memory as q is) over the slices of ``plan``
+    ((axis, bounds), as chunk_bounds gives), for plain eager calls. q/k/v [b, h, s, d] (k and v
+    with h heads), any strides; mask: what ``softmax(scores, mask)`` takes, sliced with the
+    scores where it is not broadcast on that axis; the backward uses scaled_softmax_bwd (every
+    te_fast softmax has the same backward)."""
     axis, bounds = plan
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         bwd = _PAIRS["scaled_softmax_fwd"][1]
-        return _ChunkedCore.apply(q, k, v, mask, softmax, bwd, scale, axis, bounds)
+        return _Core.apply(q, k, v, mask, softmax, bwd, scale, axis, bounds)
     with _below_autograd():
-        return _chunked_forward(q, k, v, mask, softmax, axis, bounds)[0]
+        return _core_forward(q, k, v, mask, softmax, axis, bounds, False)[0]

@@ -14,6 +14,10 @@ from te_fast._call import SOFTMAX_TYPES, Call, resolve
 
 __all__ = ["UnfusedDotProductAttention"]
 
+# Slices of 256 MiB of scores: at b16 h32 s2048 bf16 (4 GiB of scores) one batch element each,
+# whose GEMMs still fill an H200; at small shapes one slice.
+DEFAULT_SCORE_CHUNK_BYTES = 256 << 20
+
 
 def _heads_first(t, fmt, cu_seqlens, b, s):
     """Any format -> (b, h, s, d); thd goes through the te_fast conversion op."""
@@ -69,12 +73,14 @@ class UnfusedDotProductAttention(torch.nn.Module):
     ``softmax_offset`` to forward (which then overrides the parameter).
 
     score_chunk_bytes (te_fast's own, not Transformer Engine's): plain eager fp16/bf16 calls
-    (vanilla softmax, no bias, no dropout module, no max_logit) whose [b, h, sq, skv] scores pass
-    this many bytes run BMM1 -> softmax -> BMM2 and the backward in slices of at most that size
-    (te_fast/_eager.py chunked_core): less memory, more time. None (the default): whole tensors.
+    (vanilla softmax, no bias, no dropout in training, no max_logit) run BMM1 -> softmax -> BMM2
+    and the backward as one autograd node on the strided inputs (te_fast/_eager.py core), in
+    slices of at most this many bytes of [b, h, sq, skv] scores along the batch (or head) axis,
+    so that besides the saved probabilities only one slice's scores (or dP and dS) are alive.
+    None: one slice. Default 256 MiB. Traces (torch.compile) see the ops on whole tensors.
     """
 
-    score_chunk_bytes: int | None = None
+    score_chunk_bytes: int | None = DEFAULT_SCORE_CHUNK_BYTES
 
     def __init__(
         self,
@@ -86,18 +92,18 @@ class UnfusedDotProductAttention(torch.nn.Module):
         softmax_type: str = "vanilla",
         return_max_logit: bool = False,
         num_attention_heads: int | None = None,
-        score_chunk_bytes: int | None = None,
+        score_chunk_bytes: int | None = DEFAULT_SCORE_CHUNK_BYTES,
     ):
         super().__init__()
-        if score_chunk_bytes is not None:
-            if (
-                isinstance(score_chunk_bytes, bool)
-                or not isinstance(score_chunk_bytes, int)
-                or (score_chunk_bytes <= 0)
-            ):
-                raise ValueError(
-                    f"score_chunk_bytes must be a positive int or None, got {score_chunk_bytes!r}"
-                )
+        if score_chunk_bytes is not None and (
+            isinstance(score_chunk_bytes, bool)
+            or not isinstance(score_chunk_bytes, int)
+            or score_chunk_bytes <= 0
+        ):
+            raise ValueError(
+                f"score_chunk_bytes must be a positive int or None, got {score_chunk_bytes!r}"
+            )
+        if score_chunk_bytes != DEFAULT_SCORE_CHUNK_BYTES:  # the default reads the class's
             self.score_chunk_bytes = score_chunk_bytes
         if softmax_type not in SOFTMAX_TYPES:
             raise ValueError(
@@ -212,10 +218,10 @@ class UnfusedDotProductAttention(torch.nn.Module):
         )  # fmt: skip
         masked = None if kernel_causal else self._mask(call, q.device)
 
-        plan = self._chunk_plan(call, qh)
-        if plan is not None:  # eager training at long lengths: slice by slice, less memory
+        plan = self._core_plan(call, qh)
+        if plan is not None:  # plain eager: one autograd node, no copies, slice by slice
             softmax = functools.partial(self._vanilla_softmax, call, kernel_causal, scale)
-            o = _eager.chunked_core(qh, kh, vh, masked, softmax, scale, plan)
+            o = _eager.core(qh, kh, vh, masked, softmax, scale, plan)
             return self._output(call, o)
 
         # BMM1 and bias; `softmax_scale` is what the softmax kernel still has to apply (in fp32).
@@ -248,18 +254,21 @@ class UnfusedDotProductAttention(torch.nn.Module):
             logits = logits.masked_fill(masked, float("-inf"))
         return out, logits.amax(dim=(0, 2, 3))  # (h,)
 
-    def _chunk_plan(self, call, qh):
-        """_eager.chunk_bounds at score_chunk_bytes for a plain eager fp16/bf16 call (vanilla
-        softmax, no bias, no dropout module, no max_logit); None otherwise, when
-        score_chunk_bytes is None, and for scores that fit one slice."""
-        limit = self.score_chunk_bytes
-        if limit is None or not (
+    def _core_plan(self, call, qh):
+        """(axis, bounds) of the eager core's slices (_eager.chunk_bounds at score_chunk_bytes,
+        one slice when that is None or the scores fit) for a plain eager fp16/bf16 call with a
+        vanilla softmax, no bias, no dropout in training and no max_logit; None otherwise."""
+        if not (
             qh.dtype in (torch.float16, torch.bfloat16) and call.softmax_type == "vanilla"
             and call.bias_type == "no_bias" and not self.return_max_logit
-            and self.attention_dropout == 0.0 and _eager.plain_eager()
+            and not (self.training and self.attention_dropout > 0.0) and _eager.plain_eager()
         ):  # fmt: skip
             return None
-        return _eager.chunk_bounds(call.b, call.h, call.sq, call.skv, qh.element_size(), limit)
+        limit = self.score_chunk_bytes
+        plan = None
+        if limit is not None:
+            plan = _eager.chunk_bounds(call.b, call.h, call.sq, call.skv, qh.element_size(), limit)
+        return plan or (0, [(0, call.b)])
 
     @classmethod
     def _vanilla_softmax(cls, call, kernel_causal, scale, scores, masked):
