@@ -141,9 +141,12 @@ def _take(t, axis, lo, hi):
 
 
 def _empty_like_layout(t, size):
-    """An empty tensor of ``size`` (t's rank) whose axes lie in memory in the order of t's
-    strides, largest first: for a permuted view of a bshd tensor, a bshd tensor."""
-    order = sorted(range(t.dim()), key=lambda i: (-t.stride(i), i))
+    """An empty (b, h, s, d) tensor of ``size`` whose first three axes lie in memory in the
+    order of t's strides, largest first, and whose last axis is contiguous: for a permuted view
+    of a bshd tensor, a bshd tensor. (Its matrices must be ones cuBLAS writes in place: with
+    an input's odd strides copied, bmm(out=) would compute into a copy of the uninitialized
+    buffer and copy back, as compute-sanitizer's initcheck found on 2026-12-04.)"""
+    order = sorted(range(t.dim() - 1), key=lambda i: (-t.stride(i), i)) + [t.dim() - 1]
     return torch.empty_permuted(size, order, dtype=t.dtype, device=t.device)
 
 
