@@ -150,13 +150,11 @@ def _empty_like_layout(t, size):
     return torch.empty_permuted(size, order, dtype=t.dtype, device=t.device)
 
 
-def _fold(t):
-    """(n, h, m, k) -> (n * h, m, k) when one batch stride covers both leading axes (a view);
-    None when it does not (bshd views: b and h have unrelated strides)."""
+def _folds(t):
+    """Whether t (n, h, m, k) is a view of one batch of n * h matrices: one batch stride covers
+    both leading axes (bshd views: b and h have unrelated strides, they do not fold)."""
     n, h = t.shape[:2]
-    if n == 1 or h == 1 or t.stride(0) == h * t.stride(1):
-        return t.flatten(0, 1)
-    return None
+    return n == 1 or h == 1 or t.stride(0) == h * t.stride(1)
 
 
 # A batch element's GEMM of at least this many multiply-adds (h * m * k * p) takes its own
@@ -169,12 +167,12 @@ _LOOP_MACS = 1 << 32
 def _matmul_into(a, b, out):
     """out[...] = a @ b for a (n, h, m, k), b (n, h, k, p) and out (n, h, m, p), any strides;
     returns out."""
-    fa, fb, fo = _fold(a), _fold(b), _fold(out)
-    if fa is not None and fb is not None and fo is not None:
-        torch.bmm(fa, fb, out=fo)
-        return out
     n, h, m, k = a.shape
-    if n <= 2 or h * m * k * b.shape[-1] >= _LOOP_MACS:
+    if n == 1:
+        torch.bmm(a[0], b[0], out=out[0])
+    elif _folds(a) and _folds(b) and _folds(out):
+        torch.bmm(a.flatten(0, 1), b.flatten(0, 1), out=out.flatten(0, 1))
+    elif n <= 2 or h * m * k * b.shape[-1] >= _LOOP_MACS:
         for i in range(n):
             torch.bmm(a[i], b[i], out=out[i])
     else:
