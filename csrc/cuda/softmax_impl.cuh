@@ -8,21 +8,21 @@
 // row holds K chunks of V consecutive columns, chunk k at columns (k * R + t) * V: each chunk is
 // one 16-byte access per thread when sk and the pointers allow (V = 16 / sizeof(T)), else V = 1.
 // Reductions go lane -> warp shuffle -> shared memory across the warps of a CTA -> distributed
-// shared memory across the CTAs of a cluster. Grids are persistent (as many CTAs as stay
-// resident); a CTA walks its rows with a stride and issues the next row's loads before it reduces
-// the current one: into shared memory with cp.async for the 16-byte forward, into a second set of
-// registers for the backward. Rows longer than the largest configuration (or clusters
-// unavailable) take the two-pass block kernel at the end of this file, which has no length limit.
-// fp32 rows of at most 512 bytes take a forward that pipelines two rows in registers instead
-// (faster there, slower on long rows). A persistent cluster grid is sized by the clusters that can
-// be resident at once (cudaOccupancyMaxActiveClusters), not by SMs: clusters live inside one GPC.
+// shared memory across the CTAs of a cluster. Grids are persistent (as many CTAs as stay resident);
+// a CTA walks its rows with a stride and issues the next row's loads before it reduces the current
+// one: into shared memory with cp.async for the 16-byte forward (its cluster shapes: launch_direct
+// takes shorter rows), into a second set of registers for the backward. Rows longer than the
+// largest configuration (or clusters unavailable) take the two-pass block kernel at the end of this
+// file, which has no length limit. A persistent cluster grid is sized by the clusters that can be
+// resident at once (cudaOccupancyMaxActiveClusters), not by SMs: clusters live inside one GPC.
 //
-// The fp16/bf16 forward of rows up to 16K columns in 16-byte chunks (the common case) is simpler
-// and faster (launch_direct): no persistent loop, no staging, each thread group loads its row
-// into registers at once and the grid is as large as the rows need, so the hardware overlaps one
-// CTA's loads with the arithmetic of others; the values stay packed two to a register until the
-// exponential (forward_row_packed). It reaches 96-100% of the copy ceiling from 32 to 8192
-// columns on an H200, where the persistent staged kernel reached 77-89%.
+// The forward of rows in 16-byte chunks (the common case) up to 16K fp16/bf16 or 8K fp32 columns
+// is simpler and faster (launch_direct): no persistent loop, no staging, each thread group loads
+// its row into registers at once and the grid is as large as the rows need, so the hardware
+// overlaps one CTA's loads with the arithmetic of others. fp16/bf16 values stay packed two to a
+// register until the exponential (forward_row_packed); there it reaches 96-100% of the copy
+// ceiling from 32 to 8192 columns on an H200, where the persistent staged kernel reached 77-89%.
+// fp32 rows take it (with the general row path) since 2026-12-04: not yet measured on the GPU.
 //
 // Masking: columns at or past kept_prefix (causal modes) are never read and are written as 0; an
 // explicit mask is read V bytes per chunk. A row whose every column is masked (or -inf) is written
@@ -32,9 +32,12 @@
 // exp2(fma(x, scale * log2 e, -max)) with the hardware's ex2 (relative error about 2^-22), in
 // fp32, and the sums are fp32 (forward_row says more). fp32 data keep the accurate expf of an
 // argument formed in double from the op's double scale (te_fast_rules::exp_shifted, as on the
-// CPU), and every sum and the final scaling of fp32 data are double: its output keeps 24 bits.
-// (A float-pair argument with Kahan sums, tried on 2026-12-03, was 3-10 points faster but
-// doubled the fp32 error ratios.)
+// CPU), and every sum of fp32 data is double. The final scaling y = e * (1 / sum) takes the
+// double 1 / sum as a pair of floats (TimesInv): no double operation per element, and y is the
+// correctly rounded fp32 product but for one ulp about twice in 10^8 (and in ~1% of the results
+// under 2^-107; the CPU's double product is correctly rounded): the output keeps 24 bits. (A
+// float-pair exp argument with Kahan sums, tried on 2026-12-03, was 3-10 points faster but doubled
+// the fp32 error ratios.)
 #pragma once
 
 #include <cooperative_groups.h>
@@ -313,13 +316,46 @@ struct Packed<__half> {
   }
 };
 
+// The final scaling of a row, e -> fl(e * inv), for an inv of type A. fp16/bf16 (A = float):
+// one fp32 multiply, rounded again to T by the store.
+template <typename A>
+struct TimesInv {
+  float inv;
+  __device__ __forceinline__ explicit TimesInv(float i) : inv(i) {}
+  __device__ __forceinline__ float operator()(float e) const { return e * inv; }
+};
+// fp32 data (A = double, inv = 1 / the double sum): the double inv is split once per row into two
+// floats, hi = fl(inv) and lo = fl(inv - hi) (the difference is exact in double), and each element
+// takes y = fma(e, hi, fl(e * lo)): no double arithmetic or conversion per element, where
+// fl32(double(e) * inv) took a DMUL and an F2F back to fp32 (the widening of e is shared with the
+// sum) on the fp64 and XU pipes, the XU being the busiest of the fp32 forward (ncu, 2026-12-04).
+// This is e * inv rounded once to fp32 but for a term of ~2^-47 of it: e * hi is exact inside the
+// fma; lo = fl(inv - hi) is off by at most 2^-24 of inv - hi, which is at most 2^-24 of inv, so
+// hi + lo is within 2^-48 of inv; e * lo is ~2^-24 of the result and its own rounding costs 2^-24
+// of that, 2^-48. The sum the fma rounds is thus within 2^-47 of e * inv, and the result differs
+// from the correctly rounded one only where e * inv lies that close to the midpoint of two floats:
+// then by one ulp. Checked on the CPU against the exact product (2026-12-04): of 10^8 pairs, e =
+// expf of [-20, 0] and inv = 1 / sums of 1 .. 1e5, two results were one ulp off (the double form
+// was correctly rounded in all). Results under about 2^-107 are the exception: there e * lo falls
+// below fp32's normal range and loses relative precision, and about 1% of them are one ulp off, an
+// absolute error of 2^-131 or less, nothing next to the row's largest value.
+template <>
+struct TimesInv<double> {
+  float hi;
+  float lo;
+  __device__ __forceinline__ explicit TimesInv(double inv)
+      : hi(static_cast<float>(inv)), lo(static_cast<float>(inv - static_cast<double>(hi))) {}
+  __device__ __forceinline__ float operator()(float e) const { return fmaf(e, hi, e * lo); }
+};
+
 // Writes this thread's chunks of row `row` (unless it is past the end): y = e * inv, rounded
-// once to T (inv is double for fp32 data).
+// once to fp32 (TimesInv: inv is double for fp32 data) and then to T.
 template <typename T, int V, int K, int G, int C, typename A>
 __device__ __forceinline__ void store_row(const SoftmaxFwdArgs& a, int64_t row, const float* v,
                                           A inv) {
   using S = Shape<V, K, G, C>;
   if (row >= a.rows) return;
+  const TimesInv<A> times_inv(inv);
   T* y = static_cast<T*>(a.y) + row * a.sk;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -327,7 +363,7 @@ __device__ __forceinline__ void store_row(const SoftmaxFwdArgs& a, int64_t row, 
     if (j0 >= a.sk) continue;
     float o[V];
 #pragma unroll
-    for (int e = 0; e < V; ++e) o[e] = static_cast<float>(v[k * V + e] * inv);
+    for (int e = 0; e < V; ++e) o[e] = times_inv(v[k * V + e]);
     Chunk<T, V>::store(y + j0, o);
   }
 }
@@ -477,7 +513,8 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
 // c = scale * log2 e (a masked -inf gives 0), y = e / sum e. The fma forms x * c - m exactly
 // before rounding, so large |x| lose nothing. Otherwise (fp32 data, or scale <= 0) masked
 // columns are tracked as bits and the max is taken of fl(x * c); fp32 takes the accurate expf of
-// an argument formed in double (exp_shifted), with sums and the final scaling in double.
+// an argument formed in double (exp_shifted), with sums in double and the final scaling by the
+// double 1 / sum split into two floats (TimesInv).
 template <typename T, int V, int K, int G, int C, typename ChunkAt, typename MaskedAt,
           typename MaxSlots, typename SumSlots>
 __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row, int limit,
@@ -598,8 +635,9 @@ __device__ __forceinline__ void pipelined_rows(const Args& a, Process process) {
 }
 
 // One row at a time, held in registers: the one-element-access path (on a persistent grid), and
-// the 16-byte fp16/bf16 path of rows up to 16K columns (a CTA, or a cluster, per row group, the
-// grid as large as the rows need). kSmThreads is the occupancy the register budget is sized for.
+// the 16-byte path of rows up to 16K fp16/bf16 or 8K fp32 columns (launch_direct: a CTA per row
+// group, the grid as large as the rows need). kSmThreads is the occupancy the register budget is
+// sized for.
 template <typename T, int V, int K, int G, int C, bool kMask, int kSmThreads>
 __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads,
                                   kSmThreads / Shape<V, K, G, C>::kThreads)
@@ -617,24 +655,6 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads,
         a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k]; },
         max_slots, sum_slots);
   }
-  cluster_exit<C>();
-}
-
-// 16-byte chunks, two rows in registers: the next row's loads are issued before the current row
-// is reduced (as in the backward).
-template <typename T, int V, int K, int G, int C, bool kMask>
-__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>::kMinCtasPerSm)
-    softmax_fwd_pipelined(SoftmaxFwdArgs a) {
-  using S = Shape<V, K, G, C>;
-  using Row = FwdRow<T, V, K, G, C, kMask>;
-  __shared__ Slots<float, S::kWarps> max_slots;
-  __shared__ Slots<Acc<T>, S::kWarps> sum_slots;
-  const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
-  pipelined_rows<S::kRowsPerCta, C, G, Row>(a, [&](const Row& r) {
-    forward_row<T, V, K, G, C>(
-        a, r.row, r.limit, c, [&](int k) { return r.x[k]; }, [&](int k) { return r.m[k]; },
-        max_slots, sum_slots);
-  });
   cluster_exit<C>();
 }
 
@@ -858,7 +878,7 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
     }
     t = block_merge(t, smem, two);
     const double inv = t.s == 0.0 ? 0.0 : 1.0 / t.s;  // fully masked row -> 0
-    const Acc<T> inv_acc = static_cast<Acc<T>>(inv);
+    const TimesInv<Acc<T>> times_inv(static_cast<Acc<T>>(inv));
     T* y = static_cast<T*>(a.y) + row * a.sk;
     for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
       float v[V];
@@ -866,7 +886,7 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         v[e] = bits >> e & 1u && t.s != 0.0  // no kept finite score: all 0 (not -inf - -inf)
-                   ? static_cast<float>(exp_of<T>(v[e], c, t.m, a.scale) * inv_acc)
+                   ? times_inv(exp_of<T>(v[e], c, t.m, a.scale))
                    : 0.f;
       }
       Chunk<T, V>::store(y + j0, v);
@@ -1051,11 +1071,6 @@ struct FwdKernel {
   }
   static size_t smem() { return kStaged ? FwdStage<T, V, K, G, C, kMask>::kBytes : 0; }
 };
-template <typename T, int V, int K, int G, int C, bool kMask>
-struct FwdPipeKernel {
-  static auto get() { return softmax_fwd_pipelined<T, V, K, G, C, kMask>; }
-  static size_t smem() { return 0; }
-};
 template <int kSmThreads>
 struct FwdDirect {
   template <typename T, int V, int K, int G, int C, bool kMask>
@@ -1137,51 +1152,62 @@ cudaError_t launch_block(Kernel kernel, const Args& a, cudaStream_t stream) {
 // fp32 ones per row (two rows staged in shared memory; one row of 16, or 8 fp32, in registers
 // for one-element chunks); a backward thread holds two rows of 2 chunks of dy and y each (8
 // values of each for one-element chunks). The 512-thread and cluster shapes spill a little.
-//
-// Short fp32 rows (up to 512 bytes: 128 columns, 16 threads at most) take the
-// register-pipelined kernel with two chunks a thread; longer rows the shared-memory staged one
-// with four. Measured on an H200 (2026-12-03, python -m benchmarks, when 16-bit rows took these
-// kernels too): the pipelined kernel was 4-9 points of the copy ceiling faster up to 256 bf16
-// columns and slower beyond (62% against 79% at 16K), where its clusters are twice as large.
-template <typename T, bool kMask>
-bool launch_short_rows(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
-  constexpr int V = kVec<T>;
-  if (a.sk * static_cast<int64_t>(sizeof(T)) > 512) return false;
-  return try_shape<FwdPipeKernel, T, V, 1, 1, 1, kMask>(a, stream, err) ||
-         try_shape<FwdPipeKernel, T, V, 1, 2, 1, kMask>(a, stream, err) ||
-         try_shape<FwdPipeKernel, T, V, 2, 2, 1, kMask>(a, stream, err) ||
-         try_shape<FwdPipeKernel, T, V, 2, 4, 1, kMask>(a, stream, err) ||
-         try_shape<FwdPipeKernel, T, V, 2, 8, 1, kMask>(a, stream, err) ||
-         try_shape<FwdPipeKernel, T, V, 2, 16, 1, kMask>(a, stream, err);
-}
 
-// fp16/bf16 rows of 16-byte chunks up to 16K columns: one row per thread group of one CTA, all
-// of its chunks loaded at once into registers, the grid as large as the rows need (the hardware
-// overlaps one CTA's loads with another's arithmetic). Up to 2048 columns two chunks a thread
-// (16 values, 40 registers: 1536 threads per SM; rows of one warp or less with a mask take 1024,
-// where 40 registers spill), beyond that four (64 registers, 1024 threads). Measured on an H200 on 2026-12-04 against the
-// persistent staged kernel (python -m benchmarks, bf16): 98-100% of the copy ceiling against
-// 86-90% up to 2048 columns, 96/97/90% against 81/80/85% at 4K/8K/16K. Longer rows keep the
-// staged kernel's clusters: this design on clusters of 2..8 CTAs reached 65/58% at 32K/64K
-// against their 77/68% (same day).
+// Rows of 16-byte chunks up to 16K fp16/bf16 or 8K fp32 columns: one row per thread group of one
+// CTA, all of its chunks loaded at once into registers, the grid as large as the rows need (the
+// hardware overlaps one CTA's loads with another's arithmetic). Longer rows keep the staged
+// kernel's clusters.
+//
+// fp16/bf16: up to 2048 columns two chunks a thread (16 values, 40 registers: 1536 threads per
+// SM; rows of one warp or less with a mask take 1024, where 40 registers spill), beyond that four
+// (64 registers, 1024 threads). Measured on an H200 on 2026-12-04 against the persistent staged
+// kernel (python -m benchmarks, bf16): 98-100% of the copy ceiling against 86-90% up to 2048
+// columns, 96/97/90% against 81/80/85% at 4K/8K/16K. On clusters of 2..8 CTAs this design reached
+// 65/58% at 32K/64K against the staged kernel's 77/68% (same day).
+//
+// fp32 (the general row path: double sums, no packed words): two chunks a thread up to 4096 columns
+// (8 values; every shape, masked or not, fits 40 registers without spilling under nvcc 13.0 for
+// sm_90: 1536 threads per SM), four up to 8192 (16 values, 64 registers, 1024 threads; at 1536
+// threads they would spill 32-72 bytes a thread). Until 2026-12-04 fp32 took the persistent kernels
+// here (two rows pipelined in registers up to 128 columns, staged through shared memory beyond),
+// which an ncu profile at 128/1K/8K columns showed with 38-43% of the SM's warps active and 45-54%
+// of the DRAM peak. Not yet measured on the GPU; the bf16 sweep above suggests comparing four
+// chunks at 1024 threads against two at 1536 from 2048 columns on.
 template <typename T, bool kMask>
 bool launch_direct(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
   constexpr int V = kVec<T>;
-  using Short = FwdDirect<kMask ? 1024 : 1536>;
-  using Mid = FwdDirect<1536>;
-  using Long = FwdDirect<1024>;
-  return try_shape<Short::template Kernel, T, V, 1, 1, 1, kMask>(a, stream, err) ||
-         try_shape<Short::template Kernel, T, V, 1, 2, 1, kMask>(a, stream, err) ||
-         try_shape<Short::template Kernel, T, V, 2, 2, 1, kMask>(a, stream, err) ||
-         try_shape<Short::template Kernel, T, V, 2, 4, 1, kMask>(a, stream, err) ||
-         try_shape<Short::template Kernel, T, V, 2, 8, 1, kMask>(a, stream, err) ||
-         try_shape<Short::template Kernel, T, V, 2, 16, 1, kMask>(a, stream, err) ||
-         try_shape<Short::template Kernel, T, V, 2, 32, 1, kMask>(a, stream, err) ||
-         try_shape<Mid::template Kernel, T, V, 2, 64, 1, kMask>(a, stream, err) ||
-         try_shape<Mid::template Kernel, T, V, 2, 128, 1, kMask>(a, stream, err) ||
-         try_shape<Long::template Kernel, T, V, 4, 128, 1, kMask>(a, stream, err) ||
-         try_shape<Long::template Kernel, T, V, 4, 256, 1, kMask>(a, stream, err) ||
-         try_shape<Long::template Kernel, T, V, 4, 512, 1, kMask>(a, stream, err);
+  if constexpr (kWide<T>) {
+    using Two = FwdDirect<1536>;  // up to two chunks a thread
+    using Four = FwdDirect<1024>;
+    return try_shape<Two::template Kernel, T, V, 1, 1, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 1, 2, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 2, 2, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 2, 4, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 2, 8, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 2, 16, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 2, 32, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 2, 64, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 2, 128, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 2, 256, 1, kMask>(a, stream, err) ||
+           try_shape<Two::template Kernel, T, V, 2, 512, 1, kMask>(a, stream, err) ||
+           try_shape<Four::template Kernel, T, V, 4, 512, 1, kMask>(a, stream, err);
+  } else {
+    using Short = FwdDirect<kMask ? 1024 : 1536>;
+    using Mid = FwdDirect<1536>;
+    using Long = FwdDirect<1024>;
+    return try_shape<Short::template Kernel, T, V, 1, 1, 1, kMask>(a, stream, err) ||
+           try_shape<Short::template Kernel, T, V, 1, 2, 1, kMask>(a, stream, err) ||
+           try_shape<Short::template Kernel, T, V, 2, 2, 1, kMask>(a, stream, err) ||
+           try_shape<Short::template Kernel, T, V, 2, 4, 1, kMask>(a, stream, err) ||
+           try_shape<Short::template Kernel, T, V, 2, 8, 1, kMask>(a, stream, err) ||
+           try_shape<Short::template Kernel, T, V, 2, 16, 1, kMask>(a, stream, err) ||
+           try_shape<Short::template Kernel, T, V, 2, 32, 1, kMask>(a, stream, err) ||
+           try_shape<Mid::template Kernel, T, V, 2, 64, 1, kMask>(a, stream, err) ||
+           try_shape<Mid::template Kernel, T, V, 2, 128, 1, kMask>(a, stream, err) ||
+           try_shape<Long::template Kernel, T, V, 4, 128, 1, kMask>(a, stream, err) ||
+           try_shape<Long::template Kernel, T, V, 4, 256, 1, kMask>(a, stream, err) ||
+           try_shape<Long::template Kernel, T, V, 4, 512, 1, kMask>(a, stream, err);
+  }
 }
 
 // Whether a row may take the 16-byte kernels: fp16/bf16 ones hold only the packed path, which
@@ -1197,19 +1223,13 @@ cudaError_t softmax_fwd_masked(const SoftmaxFwdArgs& a, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   if (wide_chunks_ok<T>(a)) {
     constexpr int V = kVec<T>;
-    if constexpr (kWide<T>) {
-      if (launch_short_rows<T, kMask>(a, stream, err) ||
-          launch_registers<FwdKernel, T, V, 4, kMask>(a, stream, err)) {
-        return err;
-      }
-    } else {  // rows past 16K columns: the staged kernel's clusters
-      if (launch_direct<T, kMask>(a, stream, err) ||
-          (clusters_supported() &&
-           (try_shape<FwdKernel, T, V, 4, kBlockThreads, 2, kMask>(a, stream, err) ||
-            try_shape<FwdKernel, T, V, 4, kBlockThreads, 4, kMask>(a, stream, err) ||
-            try_shape<FwdKernel, T, V, 4, kBlockThreads, 8, kMask>(a, stream, err)))) {
-        return err;
-      }
+    // Rows past the direct kernel (16K fp16/bf16 columns, 8K fp32): the staged kernel's clusters.
+    if (launch_direct<T, kMask>(a, stream, err) ||
+        (clusters_supported() &&
+         (try_shape<FwdKernel, T, V, 4, kBlockThreads, 2, kMask>(a, stream, err) ||
+          try_shape<FwdKernel, T, V, 4, kBlockThreads, 4, kMask>(a, stream, err) ||
+          try_shape<FwdKernel, T, V, 4, kBlockThreads, 8, kMask>(a, stream, err)))) {
+      return err;
     }
     return launch_block(softmax_fwd_block<T, V>, a, stream);
   }
