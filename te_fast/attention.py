@@ -15,8 +15,14 @@ from te_fast._call import SOFTMAX_TYPES, Call, resolve
 __all__ = ["UnfusedDotProductAttention"]
 
 # Slices of 256 MiB of scores: at b16 h32 s2048 bf16 (4 GiB of scores) one batch element each,
-# whose GEMMs still fill an H200; at small shapes one slice.
+# whose GEMMs still fill an H200.
 DEFAULT_SCORE_CHUNK_BYTES = 256 << 20
+# Calls with fewer bytes of scores keep the ops path: there the step is bound by host time, and
+# the eager core's Python costs more than the copies it saves (H200, 2026-12-04, b2 h16 s128 d64
+# bf16 fwd+bwd, wall, median of 12 interleaved rounds: 1.43 ms against 1.32 for one layer, 8.71
+# against 7.74 for a stack of eight); at b16 h32 s2048 d128 (4 GiB of scores) the core took the
+# step from 14.45 to 13.05 ms and its peak extra memory from 13.0 to 5.5 GiB (same day).
+CORE_MIN_SCORE_BYTES = 64 << 20
 
 
 def _heads_first(t, fmt, cu_seqlens, b, s):
@@ -73,14 +79,16 @@ class UnfusedDotProductAttention(torch.nn.Module):
     ``softmax_offset`` to forward (which then overrides the parameter).
 
     score_chunk_bytes (te_fast's own, not Transformer Engine's): plain eager fp16/bf16 calls
-    (vanilla softmax, no bias, no dropout in training, no max_logit) run BMM1 -> softmax -> BMM2
-    and the backward as one autograd node on the strided inputs (te_fast/_eager.py core), in
+    (vanilla softmax, no bias, no dropout in training, no max_logit) with at least
+    CORE_MIN_SCORE_BYTES (64 MiB) of scores run BMM1 -> softmax -> BMM2 and the backward as one
+    autograd node on the strided inputs (te_fast/_eager.py core), in
     slices of at most this many bytes of [b, h, sq, skv] scores along the batch (or head) axis,
     so that besides the saved probabilities only one slice's scores (or dP and dS) are alive.
     None: one slice. Default 256 MiB. Traces (torch.compile) see the ops on whole tensors.
     """
 
     score_chunk_bytes: int | None = DEFAULT_SCORE_CHUNK_BYTES
+    core_min_score_bytes: int = CORE_MIN_SCORE_BYTES  # (tests set it to 0)
 
     def __init__(
         self,
@@ -257,8 +265,10 @@ class UnfusedDotProductAttention(torch.nn.Module):
     def _core_plan(self, call, qh):
         """(axis, bounds) of the eager core's slices (_eager.chunk_bounds at score_chunk_bytes,
         one slice when that is None or the scores fit) for a plain eager fp16/bf16 call with a
-        vanilla softmax, no bias, no dropout in training and no max_logit; None otherwise."""
-        if not (
+        vanilla softmax, no bias, no dropout in training, no max_logit and at least
+        core_min_score_bytes of scores; None otherwise."""
+        score_bytes = call.b * call.h * call.sq * call.skv * qh.element_size()
+        if score_bytes < self.core_min_score_bytes or not (
             qh.dtype in (torch.float16, torch.bfloat16) and call.softmax_type == "vanilla"
             and call.bias_type == "no_bias" and not self.return_max_logit
             and not (self.training and self.attention_dropout > 0.0) and _eager.plain_eager()

@@ -1,9 +1,11 @@
-"""te_fast's eager core (te_fast/_eager.py core): plain eager fp16/bf16 calls run BMM1 -> softmax
--> BMM2 and the backward as one autograd node on the strided inputs, slice by slice along the
-batch or head axis (UnfusedDotProductAttention(score_chunk_bytes=...), 256 MiB by default), so
-that only one slice's scores (forward) or dP and dS (backward) sit beside P. The suites run it
-at their default (one slice at their sizes): here the slice size is set on the class (so for every
-module the adapter builds) small enough that every mask kernel, GQA, both layout families and
+"""te_fast's eager core (te_fast/_eager.py core): plain eager fp16/bf16 calls with at least 64 MiB
+of scores run BMM1 -> softmax -> BMM2 and the backward as one autograd node on the strided
+inputs, slice by slice along the batch or head axis (UnfusedDotProductAttention(
+score_chunk_bytes=...), 256 MiB by default), so that only one slice's scores (forward) or dP and
+dS (backward) sit beside P. The suites' shapes are below that size (the ops path; the module
+benchmark and test_large's THD module case run the core): here the size threshold is 0 and the
+slice size is set on the class (so for every module the adapter builds) small enough that every
+mask kernel, GQA, both layout families and
 both split axes go through several slices, judged against te_ref under SPEC §6 (with the
 no-alias and no-mutation checks), and bit for bit on the CPU against one slice and against the
 path that records torch.matmul and the softmax op separately (te_fast's rows are
@@ -46,6 +48,12 @@ CASES = {
 # Slice sizes in bytes of one score tensor: b=3 slices of the batch (two uneven ones), and the
 # head axis (more slices than batch elements).
 SPLITS = {"batch": 3 * 4 * 19 * 27 * 2 // 2, "heads": 1}
+
+
+@pytest.fixture(autouse=True)
+def core_at_any_size(monkeypatch):
+    """The core runs from 64 MiB of scores by default; these tests' shapes are far smaller."""
+    monkeypatch.setattr(UnfusedDotProductAttention, "core_min_score_bytes", 0)
 
 
 @pytest.fixture
@@ -208,3 +216,20 @@ def test_score_chunk_bytes_default_and_checks(monkeypatch):
     except (TypeError, AttributeError):
         pass  # the spy returns None
     assert calls and calls[0][-1] == (0, [(0, 3)])  # the default: one slice at this size
+
+
+def test_small_calls_keep_the_ops_path(monkeypatch):
+    """Below core_min_score_bytes (64 MiB by default) a call is host-bound: the ops path."""
+    monkeypatch.undo()
+    assert UnfusedDotProductAttention.core_min_score_bytes == 64 << 20
+    calls = []
+    monkeypatch.setattr(_eager, "core", lambda *a: calls.append(a))
+    q, k, v = (torch.randn(19, 3, 4, 16, dtype=torch.bfloat16) for _ in range(3))
+    out = UnfusedDotProductAttention(0.25)(q, k, v, qkv_layout="sbhd_sbhd_sbhd")
+    assert not calls and out.shape == (19, 3, 64)
+    monkeypatch.setattr(UnfusedDotProductAttention, "core_min_score_bytes", 3 * 4 * 19 * 19 * 2)
+    try:
+        UnfusedDotProductAttention(0.25)(q, k, v, qkv_layout="sbhd_sbhd_sbhd")
+    except (TypeError, AttributeError):
+        pass  # the spy returns None
+    assert len(calls) == 1  # at the threshold: the core
