@@ -166,9 +166,11 @@ def test_softmax_past_2_32_rows(op, request):
         else:
             y = fast.scaled_aligned_causal_masked_softmax(x, 1.0)
             del x
-            assert int(torch.count_nonzero(y)) == 1 and y[0, 0, -1, 0].item() == 1.0
+            # any(), not count_nonzero: that widens 2^32 flags to int64 (32 GiB, past the
+            # 40 GiB this test holds; OOM on the H200 on 2026-12-04 beside other workers)
+            assert not bool(y[0, 0, :-1].any()) and y[0, 0, -1, 0].item() == 1.0
         dx = fast.scaled_softmax_bwd(y, y, 1.0)
-        assert int(torch.count_nonzero(dx)) == 0, "the backward of one-column rows is 0"
+        assert not bool(dx.any()), "the backward of one-column rows is 0"
 
 
 # (dtype, h, d, lengths, trailing tokens): past 2^31 elements on both sides of the conversion;
