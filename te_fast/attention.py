@@ -81,10 +81,11 @@ class UnfusedDotProductAttention(torch.nn.Module):
     score_chunk_bytes (te_fast's own, not Transformer Engine's): plain eager fp16/bf16 calls
     (vanilla softmax, no bias, no dropout in training, no max_logit) with at least
     CORE_MIN_SCORE_BYTES (64 MiB) of scores run BMM1 -> softmax -> BMM2 and the backward as one
-    autograd node on the strided inputs (te_fast/_eager.py core), in
-    slices of at most this many bytes of [b, h, sq, skv] scores along the batch (or head) axis,
-    so that besides the saved probabilities only one slice's scores (or dP and dS) are alive.
-    None: one slice. Default 256 MiB. Traces (torch.compile) see the ops on whole tensors.
+    autograd node on the strided inputs (te_fast/_eager.py core), in slices of at most this many
+    bytes of [b, h, sq, skv] scores along the batch (or head) axis, so that besides the saved
+    probabilities only one slice's scores (or dP and dS) are alive. None: one slice. Default
+    256 MiB. Traces (torch.compile) see the ops on whole tensors. The core's backward does not
+    support double backward.
     """
 
     score_chunk_bytes: int | None = DEFAULT_SCORE_CHUNK_BYTES
