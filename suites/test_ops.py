@@ -24,13 +24,13 @@ from te_fast import ops as fast
 
 # The lengths, plus one per CUDA kernel shape and access path that they miss (see
 # csrc/cuda/softmax_impl.cuh; V = elements per access, 8 for 16-bit and 4 for fp32 data when
-# sk % V == 0, else 1): 16 and 40 (two threads per row, whole and partial chunks), 128 and 256
-# (4 and 8 lanes per row), 1000 (a warp, last chunk partial), 4096 (one 128-thread CTA), 16384
-# (a 512-thread CTA; a 2-CTA cluster for fp32), 20000 (2-CTA cluster for 16-bit, 4 for fp32),
-# 33000 (4- and 8-CTA clusters; for the fp32 backward the 8-CTA cluster of four chunks a
-# thread), 70000 (an 8-CTA cluster for the 16-bit forward; the two-pass kernels elsewhere),
-# 131080 (past every register shape: two-pass). One element per access: 1, 7, 17, 500 (16-bit),
-# 1023, 4099.
+# sk % V == 0, else 1). 16-byte forward: 16 and 40 (two threads per row, whole and partial
+# chunks), 128 and 256 (4 and 8 lanes per row), 1000 (16-bit: a warp, last chunk partial; fp32:
+# the long kernel), 4096 (16-bit: one 128-thread CTA), 16384 (16-bit: one 512-thread CTA; fp32:
+# one long-kernel CTA), 20000, 33000 and 70000 (the long kernel on 1, 2 and 4 CTAs for 16-bit, 2,
+# 4 and 8 for fp32), 131080 (past every shape: two-pass). Backward: 16384, 20000 and 33000
+# (clusters of 2, 4 and 8 CTAs for 16-bit, 4, 8 and 8 of four chunks a thread for fp32), 70000
+# and 131080 (two-pass). One element per access: 1, 7, 17, 500 (16-bit), 1023, 4099.
 ROW_LENGTHS = (
     1, 7, 16, 17, 40, 128, 256, 500, 1000, 1023, 4096, 4099, 16384, 20000, 33000, 70000, 131080
 )

@@ -1,29 +1,35 @@
 // Softmax forward/backward kernels for fp32/fp16/bf16: each row read from HBM once, written once.
 //
-// The row lives in registers. A row of sk columns is spread over R = G * C threads: G threads of
-// one CTA (G = 1 .. 32 lanes of a warp, several rows per warp, or G = 64 .. 512 threads, one row
-// per CTA), and C = 1, 2, 4 or 8 CTAs of a thread-block cluster (sm_90) for rows of 16K to 128K
-// columns, so that no thread holds more than 32 values (under a 64-register cap: 1024 threads per
-// SM; the 512-thread and cluster shapes spill up to ~150 bytes a thread to L1). Thread t of the
-// row holds K chunks of V consecutive columns, chunk k at columns (k * R + t) * V: each chunk is
-// one 16-byte access per thread when sk and the pointers allow (V = 16 / sizeof(T)), else V = 1.
-// Reductions go lane -> warp shuffle -> shared memory across the warps of a CTA -> distributed
-// shared memory across the CTAs of a cluster. Grids are persistent (as many CTAs as stay resident);
-// a CTA walks its rows with a stride and issues the next row's loads before it reduces the current
-// one: into shared memory with cp.async for the 16-byte forward (its cluster shapes: launch_direct
-// takes shorter rows), into a second set of registers for the backward. Rows longer than the
-// largest configuration (or clusters unavailable) take the two-pass block kernel at the end of this
-// file, which has no length limit. A persistent cluster grid is sized by the clusters that can be
-// resident at once (cudaOccupancyMaxActiveClusters), not by SMs: clusters live inside one GPC.
+// Three designs, by row length and access width:
 //
-// The forward of rows in 16-byte chunks (the common case) up to 16K fp16/bf16 or 8K fp32 columns
-// is simpler and faster (launch_direct): no persistent loop, no staging, each thread group loads
-// its row into registers at once and the grid is as large as the rows need, so the hardware
-// overlaps one CTA's loads with the arithmetic of others. fp16/bf16 values stay packed two to a
-// register until the exponential (forward_row_packed); there it reaches 96-100% of the copy
-// ceiling from 32 to 8192 columns on an H200, where the persistent staged kernel reached 77-89%.
-// fp32 rows take it (with the general row path) since 2026-12-04: 90-93% up to 1024 columns, 86%
-// at 2048 and 77% at 4K/8K on an H200, where the persistent kernels reached 74-86% and 71-75%.
+// Register rows (the backward; the forward of one-element accesses). A row of sk columns is
+// spread over R = G * C threads: G threads of one CTA (G = 1 .. 32 lanes of a warp, several rows
+// per warp, or G = 64 .. 512 threads, one row per CTA), and C = 1, 2, 4 or 8 CTAs of a
+// thread-block cluster (sm_90) for rows of 16K to 128K columns, so that no thread holds more than
+// 32 values (under a 64-register cap: 1024 threads per SM; the 512-thread and cluster shapes spill
+// up to ~150 bytes a thread to L1). Thread t of the row holds K chunks of V consecutive columns,
+// chunk k at columns (k * R + t) * V: each chunk is one 16-byte access per thread when sk and the
+// pointers allow (V = 16 / sizeof(T)), else V = 1. Reductions go lane -> warp shuffle -> shared
+// memory across the warps of a CTA -> distributed shared memory across the CTAs of a cluster.
+// Grids are persistent (as many CTAs as stay resident); a CTA walks its rows with a stride and
+// issues the next row's loads into a second set of registers before it reduces the current one.
+// A persistent cluster grid is sized by the clusters that can be resident at once
+// (cudaOccupancyMaxActiveClusters), not by SMs: clusters live inside one GPC.
+//
+// The direct forward (launch_direct): rows in 16-byte chunks (the common case) up to 16K
+// fp16/bf16 or 512 fp32 columns. No persistent loop, no staging: each thread group loads its row
+// into registers at once and the grid is as large as the rows need, so the hardware overlaps one
+// CTA's loads with the arithmetic of others. fp16/bf16 values stay packed two to a register until
+// the exponential (forward_row_packed); it reaches 96-100% of the copy ceiling from 32 to 8192
+// columns on an H200.
+//
+// The long forward (softmax_fwd_long, launch_long): longer rows in 16-byte chunks, copied into
+// shared memory (one CTA a row up to 32K fp16/bf16 or 16K fp32 columns, clusters of 2..8 CTAs
+// beyond), three passes over it. 92% of the copy ceiling at 32K bf16 columns, 85-96% for fp32
+// from 1K to 16K (H200, 2026-12-04).
+//
+// Rows longer than the largest configuration (128K columns, or clusters unavailable) take the
+// two-pass block kernel at the end of this file, which has no length limit.
 //
 // Masking: columns at or past kept_prefix (causal modes) are never read and are written as 0; an
 // explicit mask is read V bytes per chunk. A row whose every column is masked (or -inf) is written
@@ -180,6 +186,25 @@ __device__ __forceinline__ void cluster_exit() {
   }
 }
 
+// The two halves of a cluster barrier: arrive once done with the peers' shared memory, wait
+// before this CTA's own may change (its next row, or its exit), with work in between.
+template <int C>
+__device__ __forceinline__ void cluster_arrive() {
+  if constexpr (C > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+  }
+}
+template <int C>
+__device__ __forceinline__ void cluster_wait() {
+  if constexpr (C > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+  }
+}
+
 // One configuration: V columns per chunk, K chunks per thread, G threads of a CTA and C CTAs
 // per row.
 template <int V, int K, int G, int C>
@@ -238,10 +263,10 @@ __device__ __forceinline__ float exp_of(float x, float c, float shift, double sc
 }
 
 // ---------------------------------------------------------------- register-resident kernels
-// Each CTA stays resident and walks its rows with a stride (a persistent grid). Before a thread
-// reduces row r it has already issued the loads of its next row, so every thread keeps reads in
-// flight through the reductions and the exponentials: two rows' chunks live in registers, as
-// loaded (packed 16-bit pairs stay packed until used).
+// The backward's CTAs stay resident and walk their rows with a stride (a persistent grid): before
+// a thread reduces row r it has already issued the loads of its next row, so every thread keeps
+// reads in flight through the reduction (two rows' chunks live in registers, as loaded). The
+// forward holds one row (softmax_fwd_rows).
 
 // V mask bytes as loaded, or nothing when the kernel has no explicit mask.
 template <int V, bool kMask>
@@ -369,6 +394,42 @@ __device__ __forceinline__ void store_row(const SoftmaxFwdArgs& a, int64_t row, 
   }
 }
 
+// One 16-byte chunk of fp16/bf16 columns j0 .. j0 + V - 1 as V / 2 packed words: columns at or
+// past `limit` (the causal cut) and the mask's columns become the dtype's -inf (one LOP3 a word).
+// raw() gives the chunk as loaded and is called only when some column is below the limit (a chunk
+// wholly past it was never loaded); masked() gives its MaskChunk.
+template <typename T, int V, typename RawAt, typename MaskedAt>
+__device__ __forceinline__ void packed_words(int j0, int limit, RawAt raw_at, MaskedAt masked,
+                                             uint32_t* w) {
+  using P = Packed<T>;
+  constexpr int kW = V / 2;
+  if (j0 >= limit) {  // never loaded: wholly masked
+#pragma unroll
+    for (int i = 0; i < kW; ++i) w[i] = P::kNegInf2;
+    return;
+  }
+  const auto raw = raw_at();
+  static_assert(sizeof(raw) == kW * sizeof(uint32_t), "one 16-byte chunk");
+#pragma unroll
+  for (int i = 0; i < kW; ++i) w[i] = reinterpret_cast<const uint32_t*>(&raw)[i];
+  if (j0 + V > limit) {  // the chunk the causal limit cuts
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const uint32_t cut = (j0 + 2 * i < limit ? 0u : 0x0000ffffu) |
+                           (j0 + 2 * i + 1 < limit ? 0u : 0xffff0000u);
+      w[i] = (w[i] & ~cut) | (P::kNegInf2 & cut);
+    }
+  }
+  if constexpr (decltype(masked())::kOn) {
+    const auto m = masked();
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const uint32_t off = m.lanes(i);
+      w[i] = (w[i] & ~off) | (P::kNegInf2 & off);
+    }
+  }
+}
+
 // forward_row's hot path (fp16/bf16 in 16-byte chunks, scale > 0) on packed words: a masked
 // column's word lane is overwritten with -inf (one LOP3 per word), the thread's max is taken two
 // columns per instruction, and each value is widened once, on its way into the exponential
@@ -386,33 +447,8 @@ __device__ __forceinline__ void forward_row_packed(const SoftmaxFwdArgs& a, int6
   uint32_t w[K * kW];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    const int j0 = S::col(k);
-    uint32_t* wk = w + k * kW;
-    if (j0 >= limit) {  // never loaded: wholly masked
-#pragma unroll
-      for (int i = 0; i < kW; ++i) wk[i] = P::kNegInf2;
-      continue;
-    }
-    const auto raw = chunk(k).raw;
-    static_assert(sizeof(raw) == kW * sizeof(uint32_t), "one 16-byte chunk");
-#pragma unroll
-    for (int i = 0; i < kW; ++i) wk[i] = reinterpret_cast<const uint32_t*>(&raw)[i];
-    if (j0 + V > limit) {  // the chunk the causal limit cuts
-#pragma unroll
-      for (int i = 0; i < kW; ++i) {
-        const uint32_t cut = (j0 + 2 * i < limit ? 0u : 0x0000ffffu) |
-                             (j0 + 2 * i + 1 < limit ? 0u : 0xffff0000u);
-        wk[i] = (wk[i] & ~cut) | (P::kNegInf2 & cut);
-      }
-    }
-    if constexpr (decltype(masked(k))::kOn) {
-      const auto m = masked(k);
-#pragma unroll
-      for (int i = 0; i < kW; ++i) {
-        const uint32_t off = m.lanes(i);
-        wk[i] = (wk[i] & ~off) | (P::kNegInf2 & off);
-      }
-    }
+    packed_words<T, V>(S::col(k), limit, [&] { return chunk(k).raw; }, [&] { return masked(k); },
+                       w + k * kW);
   }
   uint32_t m2 = w[0];
 #pragma unroll
@@ -636,7 +672,7 @@ __device__ __forceinline__ void pipelined_rows(const Args& a, Process process) {
 }
 
 // One row at a time, held in registers: the one-element-access path (on a persistent grid), and
-// the 16-byte path of rows up to 16K fp16/bf16 or 8K fp32 columns (launch_direct: a CTA per row
+// the 16-byte path of rows up to 16K fp16/bf16 or 512 fp32 columns (launch_direct: a CTA per row
 // group, the grid as large as the rows need). kSmThreads is the occupancy the register budget is
 // sized for.
 template <typename T, int V, int K, int G, int C, bool kMask, int kSmThreads>
@@ -678,84 +714,167 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// 16-byte chunks: rows are staged in shared memory, two deep. A thread copies its own chunks of
-// its next row into its own slots (cp.async) before it computes the current one from its other
-// slots, so the loads of every thread stay in flight through the reductions without holding
-// registers. No barrier orders the slots: each is written and read by one thread only.
-template <typename T, int V, int K, int G, int C, bool kMask>
-struct FwdStage {
-  using S = Shape<V, K, G, C>;
+// ---------------------------------------------------------------- long rows in shared memory
+// Rows of 16-byte chunks past what a thread group holds in registers: each row is split into C
+// contiguous blocks of G * K chunks, one per CTA of a thread-block cluster (C = 1 .. 8), and a CTA
+// copies its block into shared memory (cp.async, K chunks a thread, each thread its own slots) and
+// works from there in three passes: the max, the sum of the exponentials, and the write of
+// e * (1 / sum). The row's values do not live in registers between passes, so a thread may own
+// many chunks and a CTA has its whole block in flight at once; the grid is one cluster per row
+// (not persistent), so that while one CTA reduces, the SM's other CTAs keep their copies in flight
+// (32 or 64 KiB a CTA: 192 KiB of loads per SM). An explicit mask is read into registers with the
+// copies and applied in the first pass: fp16/bf16 write the masked columns back as -inf (the
+// later passes need no mask), fp32 keep the thread's kept-column bits in one word. fp16/bf16
+// recompute the exponential in the write pass (ex2.approx: the same bits as in the sum); fp32
+// keep each e in place of its x from the second pass (its accurate expf costs more than a
+// shared-memory round trip). The arithmetic is forward_row's: the same max, e and 1 / sum (the
+// sums in another order).
+template <typename T, int K, int G, int C>
+struct LongShape {
+  static constexpr int V = kVec<T>;
+  static constexpr int kCtaColumns = G * K * V;
+  static constexpr int64_t kCapacity = static_cast<int64_t>(kCtaColumns) * C;
+  static constexpr size_t kBytes = static_cast<size_t>(K) * G * 16;
+  // CTAs an SM holds: by shared memory (227 KiB, 1 KiB reserved a CTA) and threads (2048); the
+  // register budget is sized for them.
+  static constexpr int kBySmem = static_cast<int>((227u << 10) / (kBytes + 1024));
+  static constexpr int kMinCtasPerSm = kBySmem < 2048 / G ? kBySmem : 2048 / G;
+};
+
+template <typename T, int K, int G, int C, bool kMask>
+__global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
+    softmax_fwd_long(SoftmaxFwdArgs a) {
+  using L = LongShape<T, K, G, C>;
+  constexpr int V = L::V;
   using R = typename Chunk<T, V>::R;
-  using M = typename Raw<V>::type;
-  static constexpr size_t kBytes = 2ull * K * S::kThreads * (sizeof(R) + (kMask ? sizeof(M) : 0));
-
-  R* xs;  // [2][K][kThreads]
-  M* ms;  // [2][K][kThreads] when kMask
-
-  __device__ __forceinline__ R* x_slot(int buf, int k) const {
-    return xs + (buf * K + k) * S::kThreads + threadIdx.x;
-  }
-  __device__ __forceinline__ M* m_slot(int buf, int k) const {
-    return ms + (buf * K + k) * S::kThreads + threadIdx.x;
-  }
-
-  // Starts copying row r into buffer `buf`; returns the row's limit.
-  __device__ __forceinline__ int fetch(const SoftmaxFwdArgs& a, int buf, int64_t r) const {
-    const bool live = r < a.rows;
-    const RowPos p = live ? row_pos(a, r) : RowPos{0, nullptr};
-    const int limit = live ? static_cast<int>(kept_prefix(a.mode, p.i, a.sq, a.sk)) : 0;
-    const T* src = static_cast<const T*>(a.x) + (live ? r : 0) * a.sk;
+  static_assert(G % kWarp == 0 && G > kWarp && G <= 1024, "whole warps, more than one");
+  extern __shared__ uint4 long_smem[];
+  __shared__ Slots<float, G / kWarp> max_slots;
+  __shared__ Slots<Acc<T>, G / kWarp> sum_slots;
+  R* xs = reinterpret_cast<R*>(long_smem);  // [K][G]: chunk k of thread t at k * G + t
+  const int t = threadIdx.x;
+  const int rank = C > 1 ? static_cast<int>(blockIdx.x % C) : 0;
+  const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
+  const int64_t stride = gridDim.x / C;
+  for (int64_t row = blockIdx.x / C; row < a.rows; row += stride) {
+    const RowPos p = row_pos(a, row);
+    const int limit = static_cast<int>(kept_prefix(a.mode, p.i, a.sq, a.sk));
+    const int base = rank * L::kCtaColumns;
+    const T* src = static_cast<const T*>(a.x) + row * a.sk;
+    auto col = [&](int k) { return base + (k * G + t) * V; };
+    MaskChunk<V, kMask> mask[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int j0 = S::col(k);
-      if (j0 < limit) {  // chunks wholly past the causal limit are never read
-        cp_async<sizeof(R)>(x_slot(buf, k), src + j0);
-        if constexpr (kMask) cp_async<sizeof(M)>(m_slot(buf, k), p.m + j0);
+      if (col(k) < limit) {  // chunks wholly past the causal limit (or the row) are never read
+        cp_async<sizeof(R)>(xs + k * G + t, src + col(k));
+        mask[k].load(p.m + col(k));
       }
     }
     cp_async_commit();
-    return limit;
+    cp_async_wait<0>();  // each slot is written and read by its own thread only: no barrier
+    T* y = static_cast<T*>(a.y) + row * a.sk;
+    if constexpr (!kWide<T>) {
+      using P = Packed<T>;
+      constexpr int kW = V / 2;
+      auto at = [&](int k) { return xs[k * G + t]; };
+      uint32_t m2 = P::kNegInf2;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        alignas(16) uint32_t w[kW];
+        packed_words<T, V>(col(k), limit, [&] { return at(k); }, [&] { return mask[k]; }, w);
+#pragma unroll
+        for (int i = 0; i < kW; ++i) m2 = P::max2(m2, w[i]);
+        if constexpr (kMask) {
+          if (col(k) < limit) xs[k * G + t] = *reinterpret_cast<const R*>(w);  // masked: -inf
+        }
+      }
+      const float mx = row_reduce<G, C>(fmaxf(P::lo(m2), P::hi(m2)), MaxOp{}, max_slots);
+      const float shift = mx == -INFINITY ? 0.f : mx * c;  // as in forward_row_packed
+      auto exps = [&](int k, float* e) {
+        uint32_t w[kW];
+        packed_words<T, V>(col(k), limit, [&] { return at(k); },
+                           [] { return MaskChunk<V, false>{}; }, w);
+#pragma unroll
+        for (int i = 0; i < kW; ++i) {
+          e[2 * i] = fast_exp2(fmaf(P::lo(w[i]), c, -shift));
+          e[2 * i + 1] = fast_exp2(fmaf(P::hi(w[i]), c, -shift));
+        }
+      };
+      float part = 0.f;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (col(k) >= limit) continue;  // its e are 0
+        float e[V];
+        exps(k, e);
+#pragma unroll
+        for (int i = 0; i < V; ++i) part += e[i];
+      }
+      const float sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
+      cluster_arrive<C>();  // this CTA has read its peers' slots of this row
+      const TimesInv<float> times_inv(sum == 0.f ? 0.f : 1.f / sum);  // fully masked row -> 0
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (col(k) >= a.sk) continue;
+        float e[V] = {};
+        if (col(k) < limit) exps(k, e);
+#pragma unroll
+        for (int i = 0; i < V; ++i) e[i] = times_inv(e[i]);
+        Chunk<T, V>::store(y + col(k), e);
+      }
+    } else {
+      // fp32: forward_row_general's arithmetic (max of fl(x * c) over kept columns, the
+      // accurate expf of the double argument, double sums, TimesInv<double>).
+      static_assert(K * V <= 32, "the kept-column bits of a thread are one 32-bit word");
+      constexpr uint32_t kFull = (1u << V) - 1u;
+      uint32_t on = 0;  // bit k * V + e: column e of chunk k is kept
+      float mx = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (col(k) >= limit) continue;
+        uint32_t bits = kFull;
+        if (col(k) + V > limit) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) bits &= col(k) + e < limit ? kFull : ~(1u << e);
+        }
+        bits &= ~mask[k].bits();
+        on |= bits << (k * V);
+        float v[V];
+        Chunk<T, V>{xs[k * G + t]}.unpack(v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          if (bits >> e & 1u) mx = fmaxf(mx, v[e] * c);
+        }
+      }
+      mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
+      const float shift = mx == -INFINITY ? 0.f : mx;
+      Acc<T> part = 0;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (col(k) >= limit) continue;
+        alignas(16) float v[V];
+        Chunk<T, V>{xs[k * G + t]}.unpack(v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          v[e] = on >> (k * V + e) & 1u ? exp_of<T>(v[e], c, shift, a.scale) : 0.f;
+          part += v[e];
+        }
+        xs[k * G + t] = *reinterpret_cast<const R*>(v);  // e in place of x
+      }
+      const Acc<T> sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
+      cluster_arrive<C>();
+      const TimesInv<Acc<T>> times_inv(sum == Acc<T>(0) ? Acc<T>(0) : Acc<T>(1) / sum);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (col(k) >= a.sk) continue;
+        float e[V] = {};
+        if (col(k) < limit) Chunk<T, V>{xs[k * G + t]}.unpack(e);
+#pragma unroll
+        for (int i = 0; i < V; ++i) e[i] = times_inv(e[i]);
+        Chunk<T, V>::store(y + col(k), e);
+      }
+    }
+    cluster_wait<C>();  // no CTA exits, or reuses its slots, while a peer may still read them
   }
-};
-
-template <typename T, int V, int K, int G, int C, bool kMask>
-__global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, Shape<V, K, G, C>::kMinCtasPerSm)
-    softmax_fwd_staged(SoftmaxFwdArgs a) {
-  using S = Shape<V, K, G, C>;
-  using St = FwdStage<T, V, K, G, C, kMask>;
-  extern __shared__ uint4 stage_smem[];
-  __shared__ Slots<float, S::kWarps> max_slots;
-  __shared__ Slots<Acc<T>, S::kWarps> sum_slots;
-  St st;
-  st.xs = reinterpret_cast<typename St::R*>(stage_smem);
-  st.ms = reinterpret_cast<typename St::M*>(st.xs + 2 * K * S::kThreads);
-  const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
-  const int group = S::group();
-  const int64_t stride = static_cast<int64_t>(gridDim.x / C) * S::kRowsPerCta;
-  int64_t base = static_cast<int64_t>(blockIdx.x / C) * S::kRowsPerCta;
-  auto compute = [&](int buf, int64_t row, int limit) {
-    cp_async_wait<1>();  // this row's copies (all but the newest group) have landed
-    forward_row<T, V, K, G, C>(
-        a, row, limit, c, [&](int k) { return Chunk<T, V>{*st.x_slot(buf, k)}; },
-        [&](int k) {
-          MaskChunk<V, kMask> m;
-          if constexpr (kMask) m.raw = *st.m_slot(buf, k);
-          return m;
-        },
-        max_slots, sum_slots);
-  };
-  int limit0 = st.fetch(a, 0, base + group);
-  while (base < a.rows) {
-    const int limit1 = st.fetch(a, 1, base + stride + group);
-    compute(0, base + group, limit0);
-    base += stride;
-    if (base >= a.rows) break;
-    limit0 = st.fetch(a, 0, base + stride + group);
-    compute(1, base + group, limit1);
-    base += stride;
-  }
-  cp_async_wait<0>();
-  cluster_exit<C>();
 }
 
 // CTAs per SM the backward's register budget is sized for: a thread holds two rows of dy and y
@@ -968,14 +1087,23 @@ inline bool clusters_supported() {
 
 // CTAs of `kernel` that one SM holds at once (cached per kernel: the query is not free).
 // The first call also raises the kernel's dynamic shared memory limit to what it uses.
+// Raises the kernel's dynamic shared memory limit to what it uses, once: dynamic plus static
+// shared memory may pass the default 48 KiB.
+template <typename Kn, typename Kernel>
+void allow_smem(Kernel kernel, size_t smem) {
+  static bool done = false;  // one per kernel (Kn)
+  if (!done && smem > 0) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+  }
+  done = true;
+}
+
 template <typename Kn, typename Kernel>
 int resident_ctas_per_sm(Kernel kernel, int threads, size_t smem) {
   static int cached = 0;  // one per kernel (Kn); the same for every device of one architecture
   if (cached == 0) {
-    if (smem > 0) {  // dynamic plus static shared memory may pass the default 48 KiB
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-    }
+    allow_smem<Kn>(kernel, smem);
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
       n = 1;
@@ -1013,6 +1141,7 @@ cudaError_t launch_rows(int rows_per_cta, int threads, int cluster, const Args& 
   const size_t smem = Kn::smem();
   const int64_t needed = (a.rows + rows_per_cta - 1) / rows_per_cta;  // CTAs (or clusters)
   constexpr bool kPersistent = persistent<Kn>(0);
+  if (!kPersistent) allow_smem<Kn>(kernel, smem);
   if (cluster == 1) {
     int64_t units = needed;
     if (kPersistent) {
@@ -1059,18 +1188,10 @@ cudaError_t launch_rows(int rows_per_cta, int threads, int cluster, const Args& 
 }
 
 // Forward and backward share the dispatch: Kernel<T, V, K, G, C, kMask>::get() names the kernel.
-// (16-byte chunks of the forward are staged in shared memory; smem() is its dynamic size.)
 template <typename T, int V, int K, int G, int C, bool kMask>
 struct FwdKernel {
-  static constexpr bool kStaged = V > 1;
-  static auto get() {
-    if constexpr (kStaged) {
-      return softmax_fwd_staged<T, V, K, G, C, kMask>;
-    } else {
-      return softmax_fwd_rows<T, V, K, G, C, kMask, 1024>;
-    }
-  }
-  static size_t smem() { return kStaged ? FwdStage<T, V, K, G, C, kMask>::kBytes : 0; }
+  static auto get() { return softmax_fwd_rows<T, V, K, G, C, kMask, 1024>; }
+  static size_t smem() { return 0; }
 };
 template <int kSmThreads>
 struct FwdDirect {
@@ -1080,6 +1201,12 @@ struct FwdDirect {
     static auto get() { return softmax_fwd_rows<T, V, K, G, C, kMask, kSmThreads>; }
     static size_t smem() { return 0; }
   };
+};
+template <typename T, int K, int G, int C, bool kMask>
+struct FwdLong {
+  static constexpr bool kPersistent = false;
+  static auto get() { return softmax_fwd_long<T, K, G, C, kMask>; }
+  static size_t smem() { return LongShape<T, K, G, C>::kBytes; }
 };
 template <typename T, int V, int K, int G, int C, bool kMask>
 struct BwdKernel {
@@ -1149,34 +1276,31 @@ cudaError_t launch_block(Kernel kernel, const Args& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Chunks per thread, under the 64-register cap: a forward thread takes 32 fp16/bf16 values or 16
-// fp32 ones per row (two rows staged in shared memory; one row of 16, or 8 fp32, in registers
-// for one-element chunks); a backward thread holds two rows of 2 chunks of dy and y each (8
-// values of each for one-element chunks). The 512-thread and cluster shapes spill a little.
+// Chunks per thread of the register rows, under the 64-register cap: a forward thread of
+// one-element chunks holds one row of 16 fp16/bf16 or 8 fp32 values; a backward thread holds two
+// rows of 2 chunks of dy and y each (8 values of each for one-element chunks). The 512-thread and
+// cluster shapes spill a little.
 
-// Rows of 16-byte chunks up to 16K fp16/bf16 or 8K fp32 columns: one row per thread group of one
+// Rows of 16-byte chunks up to 16K fp16/bf16 or 512 fp32 columns: one row per thread group of one
 // CTA, all of its chunks loaded at once into registers, the grid as large as the rows need (the
-// hardware overlaps one CTA's loads with another's arithmetic). Longer rows keep the staged
-// kernel's clusters.
+// hardware overlaps one CTA's loads with another's arithmetic). Longer rows take the long kernel
+// (launch_long).
 //
 // fp16/bf16: up to 2048 columns two chunks a thread (16 values, 40 registers: 1536 threads per
 // SM; rows of one warp or less with a mask take 1024, where 40 registers spill), beyond that four
 // (64 registers, 1024 threads). Measured on an H200 on 2026-12-04 against the persistent staged
 // kernel (python -m benchmarks, bf16): 98-100% of the copy ceiling against 86-90% up to 2048
 // columns, 96/97/90% against 81/80/85% at 4K/8K/16K. On clusters of 2..8 CTAs this design reached
-// 65/58% at 32K/64K against the staged kernel's 77/68% (same day).
+// 65/58% at 32K/64K against the staged kernel's 77/68% (same day). The long kernel on one CTA of
+// 256 threads reached 85% at 16K (same day), under this kernel's 91%.
 //
-// fp32 (the general row path: double sums, no packed words): two chunks a thread up to 4096 columns
-// (8 values; every shape, masked or not, fits 40 registers without spilling under nvcc 13.0 for
-// sm_90: 1536 threads per SM), four up to 8192 (16 values, 64 registers, 1024 threads; at 1536
-// threads they would spill 32-72 bytes a thread). Until 2026-12-04 fp32 took the persistent kernels
-// here (two rows pipelined in registers up to 128 columns, staged through shared memory beyond),
-// which an ncu profile at 128/1K/8K columns showed with 38-43% of the SM's warps active and 45-54%
-// of the DRAM peak. Measured on an H200 (python -m benchmarks, 2026-12-04 06:28): plain rows
-// 93/91/90/86/77/77% of the copy ceiling at 32/128/1K/2K/4K/8K columns against 86/83/74/77/75/71%,
-// masked +4 to +7 points; ncu at 4K: 71% of warps active, 56 instructions per element, 51% of the
-// DRAM peak (bound by its instruction stream). Not tried: four chunks at 1024 threads against two
-// at 1536 from 2048 columns on (the bf16 sweep above favoured four at 4096).
+// fp32 (the general row path: double sums, no packed words): two chunks a thread (8 values; every
+// shape, masked or not, fits 40 registers without spilling under nvcc 13.0 for sm_90: 1536
+// threads per SM). Measured on an H200 (python -m benchmarks, 2026-12-04): plain rows 93/91/91% of
+// the copy ceiling at 32/128/512 columns, masked 74-77%; from 1K columns on the long kernel is
+// faster (see launch_long). ncu at 4K on this kernel: 71% of warps active, 56 instructions per
+// element, 51% of the DRAM peak: the long kernel, with the same arithmetic, reached 95% there, so
+// what held this one back was the bytes a thread keeps in flight, not its instruction stream.
 // Tries the direct kernel at kSmThreads with K chunks a thread on G threads a row, for each G in
 // turn (smallest first).
 template <typename T, bool kMask, int kSmThreads, int K, int... Gs>
@@ -1189,14 +1313,50 @@ template <typename T, bool kMask>
 bool launch_direct(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
   if constexpr (kWide<T>) {
     return try_direct<T, kMask, 1536, 1, 1, 2>(a, stream, err) ||
-           try_direct<T, kMask, 1536, 2, 2, 4, 8, 16, 32, 64, 128, 256, 512>(a, stream, err) ||
-           try_direct<T, kMask, 1024, 4, 512>(a, stream, err);
+           try_direct<T, kMask, 1536, 2, 2, 4, 8, 16, 32, 64>(a, stream, err);
   } else {
     constexpr int kShort = kMask ? 1024 : 1536;  // rows of a warp or less
     return try_direct<T, kMask, kShort, 1, 1, 2>(a, stream, err) ||
            try_direct<T, kMask, kShort, 2, 2, 4, 8, 16, 32>(a, stream, err) ||
            try_direct<T, kMask, 1536, 2, 64, 128>(a, stream, err) ||
            try_direct<T, kMask, 1024, 4, 128, 256, 512>(a, stream, err);
+  }
+}
+
+// Rows past the direct kernel: softmax_fwd_long on clusters of C = 1, 2, 4, 8 CTAs of G threads
+// with K chunks a thread, the first that holds the row.
+template <typename T, bool kMask, int K, int G, int... Cs>
+bool try_long(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
+  auto one = [&](auto c) {
+    constexpr int C = decltype(c)::value;
+    if (a.sk > LongShape<T, K, G, C>::kCapacity || (C > 1 && !clusters_supported())) {
+      return false;
+    }
+    err = launch_rows<FwdLong<T, K, G, C, kMask>>(1, G, C, a, stream);
+    return true;
+  };
+  return (one(std::integral_constant<int, Cs>{}) || ...);
+}
+
+// The long kernel's shapes, the first that holds the row: one CTA (no cluster) wherever 64 KiB
+// of shared memory hold the row, since each doubling of the cluster cost ~8-10 points of the copy
+// ceiling. Measured on an H200 on 2026-12-04 (python -m benchmarks, plain / masked rows, % of the
+// copy ceiling): bf16 32K 92/88 on one 512-thread CTA of 8 chunks a thread (the persistent staged
+// kernel it replaced: 77/72; 81/67 on two 256-thread CTAs, 75/56 on four 128-thread CTAs of 16
+// chunks), 64K 80/74 on two such CTAs (70/66; one 1024-thread CTA of 128 KiB: 75/64). fp32 from
+// 1K columns on: 88/83 at 1K (the direct kernel: 90/73), 96/91 at 2K (86/70), 95/90 at 4K (77/63),
+// 91/88 at 8K (77/69), 85/83 at 16K (64/58), 79/70 at 32K (54/51), 73/71 at 64K (52/49): the
+// direct kernel holds 48 KiB of a row per SM in registers, the long kernel's CTAs up to 208 KiB.
+template <typename T, bool kMask>
+bool launch_long(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
+  if constexpr (kWide<T>) {
+    return try_long<T, kMask, 4, 64, 1>(a, stream, err) ||   // 1K columns
+           try_long<T, kMask, 4, 128, 1>(a, stream, err) ||  // 2K
+           try_long<T, kMask, 8, 128, 1>(a, stream, err) ||  // 4K
+           try_long<T, kMask, 8, 256, 1>(a, stream, err) ||  // 8K
+           try_long<T, kMask, 8, 512, 1, 2, 4, 8>(a, stream, err);  // 16K .. 128K
+  } else {
+    return try_long<T, kMask, 8, 512, 1, 2, 4>(a, stream, err);  // 32K .. 128K
   }
 }
 
@@ -1213,12 +1373,9 @@ cudaError_t softmax_fwd_masked(const SoftmaxFwdArgs& a, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   if (wide_chunks_ok<T>(a)) {
     constexpr int V = kVec<T>;
-    // Rows past the direct kernel (16K fp16/bf16 columns, 8K fp32): the staged kernel's clusters.
-    if (launch_direct<T, kMask>(a, stream, err) ||
-        (clusters_supported() &&
-         (try_shape<FwdKernel, T, V, 4, kBlockThreads, 2, kMask>(a, stream, err) ||
-          try_shape<FwdKernel, T, V, 4, kBlockThreads, 4, kMask>(a, stream, err) ||
-          try_shape<FwdKernel, T, V, 4, kBlockThreads, 8, kMask>(a, stream, err)))) {
+    // Rows past the direct kernel (16K fp16/bf16 columns, 512 fp32): the long kernel; past
+    // 128K columns the two-pass kernel.
+    if (launch_direct<T, kMask>(a, stream, err) || launch_long<T, kMask>(a, stream, err)) {
       return err;
     }
     return launch_block(softmax_fwd_block<T, V>, a, stream);
