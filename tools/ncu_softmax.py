@@ -26,6 +26,7 @@ TABLE = (
     "--op fwd --sk 1024",
     "--op fwd --sk 2048",
     "--op fwd --sk 32768",
+    "--op fwd --sk 65536",
     "--op masked --sk 2048",
     "--op bwd --sk 2048",
     "--op fwd --sk 4096 --dtype fp32",
