@@ -187,13 +187,6 @@ _PY = [
         (ATTENTION,), k="bottom_right",
     ),
     Defect(
-        "per_head_mask_first_head", "cpu", "te_fast/attention.py",
-        "        per_head = masked.expand(b, h, sq, skv).reshape(b * h, 1, sq, skv)",
-        "        per_head = masked[:, :1].expand(b, h, sq, skv).reshape(b * h, 1, sq, skv)",
-        "a per-head arbitrary mask is broadcast from head 0 over every head",
-        (ATTENTION,), k="arbitrary",
-    ),
-    Defect(
         "mask_host_sync", "cpu", "te_fast/attention.py",
         "        masked = None\n        if call.lengths_q is not None:\n",
         "        masked = None\n"
@@ -228,10 +221,17 @@ _PY = [
     ),
     Defect(
         "core_backward_unscaled", "cpu", "te_fast/_eager.py",
-        "                ds = ctx.bwd(dp, p, ctx.scale)",
-        "                ds = ctx.bwd(dp, p, 1.0)",
-        "the eager core (plain eager fp16/bf16 calls) drops the scale in its backward",
+        "        ds = softmax_bwd(dp, p, scale)",
+        "        ds = softmax_bwd(dp, p, 1.0)",
+        "the attention core (eager and its registered backward op) drops the scale in its backward",
         ("tests/test_eager_core.py",),
+    ),
+    Defect(
+        "per_head_mask_first_head", "cpu", "te_fast/_eager.py",
+        "    per_head = mask.expand(b, h, sq, skv).reshape(b * h, 1, sq, skv)",
+        "    per_head = mask[:, :1].expand(b, h, sq, skv).reshape(b * h, 1, sq, skv)",
+        "a per-head arbitrary mask is broadcast from head 0 over every head",
+        (ATTENTION,), k="arbitrary",
     ),
     # ---------------------------------------------------------------- te_fast/ops.py
     Defect(

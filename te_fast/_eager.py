@@ -1,4 +1,4 @@
-"""Eager-mode autograd for the te_fast softmax ops, without the registered kernel's Python hop.
+"""Eager-mode autograd for the te_fast softmax ops, and the attention core (eager and as ops).
 
 The autograd that ``torch.library.register_autograd`` puts on an op is a Python kernel at the
 Autograd dispatch key: every call goes C++ -> Python (argument boxing, ``fill_defaults``, a
@@ -9,7 +9,9 @@ called below autograd and one lean ``autograd.Function`` records the same formul
 
 Only for plain eager calls: under ``torch.compile``/``torch.export`` (and functorch transforms)
 ``softmax`` calls the op itself, so a trace sees the op and its registered autograd exactly as
-before.
+before. The attention core (below) runs in plain eager calls as one lean ``autograd.Function``
+and in traces as the ops ``te_fast::attention_core`` and ``te_fast::attention_core_backward``,
+registered here, whose kernels are the same Python functions.
 """
 
 from __future__ import annotations
@@ -26,8 +28,17 @@ _functorch_active = torch._C._are_functorch_transforms_active
 
 def plain_eager() -> bool:
     """Whether this is a plain eager call: traces (torch.compile, export, functorch transforms)
-    see the ops themselves, whole tensors and their registered autograd."""
+    see the ops themselves and their registered autograd."""
     return not (_is_compiling() or _functorch_active())
+
+
+def core_applies() -> bool:
+    """Whether the attention core may run: in plain eager calls (as ``_Core``) and in traces (as
+    the registered ops). Not under functorch transforms, eager or traced (dynamo evaluates the
+    check inside torch.func.vmap as well), which keep the whole-tensor ops path as before: the
+    core's ops have no vmap rule (the batched fallback cannot return the probability list) and,
+    like every op with Python-registered autograd, no functorch grad."""
+    return not _functorch_active()
 
 
 def _op(name: str):
@@ -97,10 +108,10 @@ def softmax(
         return _run(fwd, x, mask, scale, rows)
 
 
-# ----------------------------------------------------------------------------- eager core
-# Plain eager fp16/bf16 attention (vanilla softmax, no bias, no active dropout, no max_logit) runs
-# BMM1 -> softmax -> BMM2 and its backward here, as one autograd node, which removes two costs of
-# recording torch.matmul and the softmax separately:
+# ----------------------------------------------------------------------------- the core
+# fp16/bf16 attention (vanilla softmax, no bias, no active dropout, no max_logit) with enough
+# scores runs BMM1 -> softmax -> BMM2 and its backward here, as one autograd node, which removes
+# two costs of recording torch.matmul and the softmax separately:
 # - Copies. q, k and v reach the core as permuted views of bshd/sbhd/thd tensors. torch.matmul
 #   folds (b, h) into one batch axis, and for bshd that is not a view: autograd's path copied q,
 #   k, v, the output and dO (H200, 2026-12-04, b16 h32 s2048 d128 bf16: five copies, 2.4 ms of a
@@ -115,12 +126,45 @@ def softmax(
 #   only one slice's scores, or one slice's dP and dS, are alive.
 # Every row is computed by the same kernels as on the whole tensor (te_fast's softmax rows are
 # batch-invariant).
+# Plain eager calls record it as _Core, a lean autograd.Function. Traces (torch.compile, export)
+# call the ops registered at the end of this file instead: opaque to the compiler, so the slices
+# stay slices (traced through, the loop would be unrolled into the graph, its out= GEMMs
+# functionalized and the slices left to the compiler's scheduling; H200, 2026-12-04: the trace
+# of the whole-tensor path peaked at 13.0 GiB against the eager core's 5.5). Both run the
+# functions below.
+
+# The te_fast softmax kinds the core takes by name (a forward op's name less "_fwd"): a trace's
+# op arguments are strings, not callables.
+SOFTMAX_KINDS = (
+    "scaled_softmax",
+    "scaled_masked_softmax",
+    "scaled_upper_triang_masked_softmax",
+    "scaled_aligned_causal_masked_softmax",
+)
+
+
+def scores_softmax(kind: str, scores, mask, scale: float):
+    """The te_fast softmax ``kind`` (one of SOFTMAX_KINDS) over attention scores (b, h, sq, skv),
+    through ``softmax`` (autograd as there): the upper-triangular kernel on the rows (b * h, sq,
+    skv); the masked one with mask bool (b|1, h|1, sq|1, skv), True = masked out (per-head masks
+    give each (batch, head) row block a "batch" entry of its own); the others as they are."""
+    b, h, sq, skv = scores.shape
+    name = f"{kind}_fwd"
+    if kind == "scaled_upper_triang_masked_softmax":
+        return softmax(name, scores, None, scale, rows=(b * h, sq, skv))
+    if kind != "scaled_masked_softmax":
+        return softmax(name, scores, None, scale)
+    if mask.shape[1] == 1:  # one mask per batch element (or one for all)
+        return softmax(name, scores, mask.expand(-1, 1, sq, skv), scale)
+    per_head = mask.expand(b, h, sq, skv).reshape(b * h, 1, sq, skv)
+    return softmax(name, scores, per_head, scale, rows=(b * h, 1, sq, skv))
 
 
 def chunk_bounds(b: int, h: int, sq: int, skv: int, itemsize: int, limit: int):
     """(axis, [(lo, hi), ...]) splitting the scores [b, h, sq, skv] into slices of at most
     ``limit`` bytes along the batch axis (0), or the head axis (1) when there are fewer batch
-    elements than slices; None when one piece fits."""
+    elements than slices; None when one piece fits. (Sizes may be SymInts: in a trace the
+    branches and the slice count become guards, the edges expressions of the sizes.)"""
     total = b * h * sq * skv * itemsize
     n = -(-total // max(limit, 1))
     if n <= 1:
@@ -145,7 +189,8 @@ def _empty_like_layout(t, size):
     order of t's strides, largest first, and whose last axis is contiguous: for a permuted view
     of a bshd tensor, a bshd tensor. (Its matrices must be ones cuBLAS writes in place: with
     an input's odd strides copied, bmm(out=) would compute into a copy of the uninitialized
-    buffer and copy back, as compute-sanitizer's initcheck found on 2026-12-04.)"""
+    buffer and copy back, as compute-sanitizer's initcheck found on 2026-12-04.) The fakes
+    call it too, on the same strides: the layout is part of the ops' contract."""
     order = sorted(range(t.dim() - 1), key=lambda i: (-t.stride(i), i)) + [t.dim() - 1]
     return torch.empty_permuted(size, order, dtype=t.dtype, device=t.device)
 
@@ -180,16 +225,34 @@ def _matmul_into(a, b, out):
     return out
 
 
-def _core_forward(q, k, v, mask, softmax, axis, bounds, keep_probs):
-    """(o [b, h, sq, dv], [P of each slice] if keep_probs): softmax(q k^T) v, slice by slice; o
-    is laid out in memory as q is."""
-    b, h, sq, _ = q.shape
-    o = _empty_like_layout(q, (b, h, sq, v.shape[-1]))
+def _output_like(q, v):
+    """The empty output (b, h, sq, dv), laid out in memory as q is."""
+    return _empty_like_layout(q, q.shape[:-1] + v.shape[-1:])
+
+
+def _scores_shape(q, k, axis, lo, hi):
+    """The shape of the scores of slice [lo, hi) along axis: (n, h, sq, skv) or (b, n, sq, skv)."""
+    return _take(q, axis, lo, hi).shape[:-1] + (k.shape[-2],)
+
+
+def _grads_like(q, k, v, needs):
+    """(dq, dk, dv): empty tensors laid out as their inputs are where ``needs`` asks, else None."""
+    return tuple(
+        _empty_like_layout(t, t.shape) if need else None for t, need in zip((q, k, v), needs)
+    )
+
+
+def _core_forward(q, k, v, mask, softmax, scale, axis, bounds, keep_probs):
+    """(o [b, h, sq, dv], [P of each slice] if keep_probs else []): softmax(scale q k^T) v, slice
+    by slice, with the te_fast softmax kind ``softmax`` (scores_softmax); o is laid out in memory
+    as q is. Below autograd."""
+    o = _output_like(q, v)
     probs = []
     for lo, hi in bounds:
         q_c, k_c, v_c = (_take(t, axis, lo, hi) for t in (q, k, v))
-        scores = q.new_empty(q_c.shape[:-1] + (k_c.shape[-2],))  # (n, h, sq, skv)
-        p = softmax(_matmul_into(q_c, k_c.transpose(-2, -1), scores), _take(mask, axis, lo, hi))
+        scores = q.new_empty(_scores_shape(q, k, axis, lo, hi))
+        _matmul_into(q_c, k_c.transpose(-2, -1), scores)
+        p = scores_softmax(softmax, scores, _take(mask, axis, lo, hi), scale)
         del scores  # only one slice's scores at a time
         _matmul_into(p, v_c, _take(o, axis, lo, hi))
         if keep_probs:
@@ -197,56 +260,256 @@ def _core_forward(q, k, v, mask, softmax, axis, bounds, keep_probs):
     return o, probs
 
 
+def _core_backward(do, q, k, v, probs, scale, axis, bounds, needs):
+    """(dq, dk, dv), None where ``needs`` (three bools) says no, slice by slice: dV = P^T dO,
+    dP = dO V^T, dS = scaled_softmax_bwd(dP, P, scale) (every te_fast softmax has that backward),
+    dQ = dS K, dK = dS^T Q; each gradient laid out in memory as its input is. Below autograd."""
+    need_q, need_k, need_v = needs
+    dq, dk, dv = _grads_like(q, k, v, needs)
+    softmax_bwd = _PAIRS["scaled_softmax_fwd"][1]
+    for (lo, hi), p in zip(bounds, probs):
+        do_c, q_c, k_c, v_c = (_take(t, axis, lo, hi) for t in (do, q, k, v))
+        if need_v:
+            _matmul_into(p.transpose(-2, -1), do_c, _take(dv, axis, lo, hi))
+        if not (need_q or need_k):
+            continue
+        dp = _matmul_into(do_c, v_c.transpose(-2, -1), torch.empty_like(p))
+        ds = softmax_bwd(dp, p, scale)
+        del dp  # only one slice's dP and dS at a time
+        if need_q:
+            _matmul_into(ds, k_c, _take(dq, axis, lo, hi))
+        if need_k:
+            _matmul_into(ds.transpose(-2, -1), q_c, _take(dk, axis, lo, hi))
+        del ds
+    return dq, dk, dv
+
+
 class _Core(torch.autograd.Function):
-    """o = softmax(q k^T) v over slices, P saved per slice; the backward, slice by slice:
-    dV = P^T dO, dP = dO V^T, dS = <softmax>_bwd(dP, P, scale), dQ = dS K, dK = dS^T Q, each
-    gradient laid out in memory as its input is."""
+    """o = softmax(scale q k^T) v over slices (_core_forward), P saved per slice; the backward
+    is _core_backward. Plain eager calls only (the registered ops are the traced equivalent)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, softmax, bwd, scale, axis, bounds):
+    def forward(ctx, q, k, v, mask, softmax, scale, axis, bounds):
         with _below_autograd():
-            o, probs = _core_forward(q, k, v, mask, softmax, axis, bounds, True)
+            o, probs = _core_forward(q, k, v, mask, softmax, scale, axis, bounds, True)
         ctx.save_for_backward(q, k, v, *probs)
-        ctx.bwd, ctx.scale, ctx.axis, ctx.bounds = bwd, scale, axis, bounds
+        ctx.scale, ctx.axis, ctx.bounds = scale, axis, bounds
         return o
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do):
         q, k, v, *probs = ctx.saved_tensors
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        dq, dk, dv = (
-            _empty_like_layout(t, t.shape) if need else None
-            for t, need in ((q, need_q), (k, need_k), (v, need_v))
-        )
-        axis = ctx.axis
         with _below_autograd():
-            for (lo, hi), p in zip(ctx.bounds, probs):
-                do_c, q_c, k_c, v_c = (_take(t, axis, lo, hi) for t in (do, q, k, v))
-                if need_v:
-                    _matmul_into(p.transpose(-2, -1), do_c, _take(dv, axis, lo, hi))
-                if not (need_q or need_k):
-                    continue
-                dp = _matmul_into(do_c, v_c.transpose(-2, -1), torch.empty_like(p))
-                ds = ctx.bwd(dp, p, ctx.scale)
-                del dp  # only one slice's dP and dS at a time
-                if need_q:
-                    _matmul_into(ds, k_c, _take(dq, axis, lo, hi))
-                if need_k:
-                    _matmul_into(ds.transpose(-2, -1), q_c, _take(dk, axis, lo, hi))
-                del ds
-        return dq, dk, dv, None, None, None, None, None, None
+            grads = _core_backward(
+                do, q, k, v, probs, ctx.scale, ctx.axis, ctx.bounds, ctx.needs_input_grad[:3]
+            )
+        return (*grads, None, None, None, None, None)
+
+
+def _edges(bounds):
+    """[(lo, hi), ...] -> [lo_0, hi_0 = lo_1, ..., hi_last]: the slices as the ops take them."""
+    return [lo for lo, _ in bounds] + [bounds[-1][1]]
 
 
 def core(q, k, v, mask, softmax, scale, plan):
-    """softmax(q k^T) v [b, h, sq, dv] (laid out in memory as q is) over the slices of ``plan``
-    ((axis, bounds), as chunk_bounds gives), for plain eager calls. q/k/v [b, h, s, d] (k and v
-    with h heads), any strides; mask: what ``softmax(scores, mask)`` takes, sliced with the
-    scores where it is not broadcast on that axis; the backward uses scaled_softmax_bwd (every
-    te_fast softmax has the same backward)."""
+    """softmax(scale q k^T) v [b, h, sq, dv] (laid out in memory as q is) over the slices of
+    ``plan`` ((axis, bounds), as chunk_bounds gives). q/k/v [b, h, s, d] (k and v with h heads),
+    any strides; softmax: the te_fast softmax kind (SOFTMAX_KINDS), mask the bool (b|1, h|1,
+    sq|1, skv) it takes (scaled_masked_softmax only), sliced with the scores where it is not
+    broadcast on that axis. Plain eager calls run _Core; traces the op te_fast::attention_core
+    (P is kept only where q, k or v need a gradient: inference frees it slice by slice)."""
     axis, bounds = plan
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        bwd = _PAIRS["scaled_softmax_fwd"][1]
-        return _Core.apply(q, k, v, mask, softmax, bwd, scale, axis, bounds)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if not plain_eager():
+        op = torch.ops.te_fast.attention_core.default
+        return op(q, k, v, mask, softmax, scale, axis, _edges(bounds), grad)[0]
+    if grad:
+        return _Core.apply(q, k, v, mask, softmax, scale, axis, bounds)
     with _below_autograd():
-        return _core_forward(q, k, v, mask, softmax, axis, bounds, False)[0]
+        return _core_forward(q, k, v, mask, softmax, scale, axis, bounds, False)[0]
+
+
+# ----------------------------------------------------------------------------- the core as ops
+# Defined here in Python rather than in csrc/ with the other ops: their kernels are the functions
+# above (te_fast softmax ops and aten GEMMs), one implementation for CPU and CUDA. Schema notes:
+# - softmax is a SOFTMAX_KINDS string (op arguments cannot be callables);
+# - the slices are ``axis`` and ``edges`` ([0, ..., b or h]), computed once by chunk_bounds where
+#   the call is traced and passed to the forward op, its fake, the backward op and its fake
+#   alike, so the number of slices (a list length, fixed in the graph) cannot disagree between
+#   them; with dynamic shapes the edges are SymInt expressions of the sizes (and the count is
+#   guarded), evaluated again on each call;
+# - the probabilities come back as one tensor per slice (never concatenated: that would be a
+#   copy as large as P), non-differentiable, to be passed back to the backward op;
+# - needs_exact_strides: the outputs are laid out as q (dq/dk/dv as q/k/v) are, so a compiler
+#   must hand the ops their inputs with the strides the fakes saw (inductor's default for custom
+#   ops today, stated here because correctness depends on it);
+# - the backward's unneeded gradients are None (``Tensor?``), like aten's output_mask ops.
+CORE_SCHEMAS = {
+    "attention_core": (
+        "(Tensor q, Tensor k, Tensor v, Tensor? mask, str softmax, float scale, int axis, "
+        "SymInt[] edges, bool keep_probs) -> (Tensor, Tensor[])"
+    ),
+    "attention_core_backward": (
+        "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor[] probs, float scale, int axis, "
+        "SymInt[] edges, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)"
+    ),
+}
+_CORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_core(op, q, k, v, mask, softmax, axis, edges):
+    """The slices [(lo, hi), ...] of ``edges``, once the arguments are checked (real and fake
+    kernels alike; torch._check, so that symbolic sizes guard rather than break a trace)."""
+    torch._check(
+        softmax in SOFTMAX_KINDS,
+        lambda: f"te_fast: {op} expects softmax to be one of {SOFTMAX_KINDS}, got {softmax!r}",
+    )
+    torch._check(
+        (mask is not None) == (softmax == "scaled_masked_softmax"),
+        lambda: f"te_fast: {op} takes a mask with softmax='scaled_masked_softmax', and only there",
+    )
+    torch._check(
+        q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
+        lambda: (
+            f"te_fast: {op} expects q, k, v of shape [b, h, s, d], got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        ),
+    )
+    b, h, _, d = q.shape
+    torch._check(
+        k.shape[0] == b and k.shape[1] == h and k.shape[3] == d
+        and v.shape[0] == b and v.shape[1] == h and v.shape[2] == k.shape[2],
+        lambda: f"te_fast: {op} expects k [b, h, skv, d] and v [b, h, skv, dv] for q "
+        f"{tuple(q.shape)}, got {tuple(k.shape)}, {tuple(v.shape)}",
+    )  # fmt: skip
+    torch._check(
+        q.dtype in _CORE_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype,
+        lambda: (
+            f"te_fast: {op} expects q, k, v of one dtype, float16, bfloat16 or float32, got "
+            f"{q.dtype}, {k.dtype}, {v.dtype}"
+        ),
+    )
+    if mask is not None:
+        sq, skv = q.shape[2], k.shape[2]
+        torch._check(
+            mask.dtype == torch.bool and mask.dim() == 4
+            and all(m == 1 or m == s for m, s in zip(mask.shape, (b, h, sq, skv))),
+            lambda: f"te_fast: {op} expects a bool mask broadcastable to the scores "
+            f"{(b, h, sq, skv)}, got {mask.dtype} {tuple(mask.shape)}",
+        )  # fmt: skip
+    torch._check(
+        axis in (0, 1) and len(edges) >= 2 and edges[0] == 0 and edges[-1] == q.shape[axis],
+        lambda: (
+            f"te_fast: {op} expects axis 0 or 1 and edges [0, ..., q.shape[axis]], got "
+            f"axis {axis}, edges {list(edges)} for q {tuple(q.shape)}"
+        ),
+    )
+    bounds = list(zip(edges[:-1], edges[1:]))
+    for lo, hi in bounds:
+        torch._check(lo < hi, lambda: f"te_fast: {op} expects increasing edges, got {edges}")
+    return bounds
+
+
+def _attention_core(q, k, v, mask, softmax, scale, axis, edges, keep_probs):
+    bounds = _check_core("attention_core", q, k, v, mask, softmax, axis, edges)
+    return _core_forward(q, k, v, mask, softmax, scale, axis, bounds, keep_probs)
+
+
+def _attention_core_fake(q, k, v, mask, softmax, scale, axis, edges, keep_probs):
+    bounds = _check_core("attention_core", q, k, v, mask, softmax, axis, edges)
+    probs = [q.new_empty(_scores_shape(q, k, axis, lo, hi)) for lo, hi in bounds]
+    return _output_like(q, v), probs if keep_probs else []
+
+
+def _check_core_backward(grad_out, q, k, v, probs, axis, edges):
+    op = "attention_core_backward"
+    bounds = _check_core(op, q, k, v, None, "scaled_softmax", axis, edges)
+    torch._check(
+        grad_out.shape == q.shape[:-1] + v.shape[-1:] and grad_out.dtype == q.dtype,
+        lambda: (
+            f"te_fast: {op} expects grad_out of the output's shape and dtype "
+            f"{tuple(q.shape[:-1] + v.shape[-1:])} {q.dtype}, got {tuple(grad_out.shape)} "
+            f"{grad_out.dtype}"
+        ),
+    )
+    torch._check(
+        len(probs) == len(bounds)
+        and all(
+            p.shape == _scores_shape(q, k, axis, lo, hi) and p.dtype == q.dtype
+            for p, (lo, hi) in zip(probs, bounds)
+        ),
+        lambda: (
+            f"te_fast: {op} expects the probabilities attention_core returned, one "
+            f"{q.dtype} tensor per slice of edges {list(edges)}, got "
+            f"{[(tuple(p.shape), p.dtype) for p in probs]}"
+        ),
+    )
+    return bounds
+
+
+def _attention_core_backward(grad_out, q, k, v, probs, scale, axis, edges, output_mask):
+    bounds = _check_core_backward(grad_out, q, k, v, probs, axis, edges)
+    return _core_backward(grad_out, q, k, v, probs, scale, axis, bounds, output_mask)
+
+
+def _attention_core_backward_fake(grad_out, q, k, v, probs, scale, axis, edges, output_mask):
+    _check_core_backward(grad_out, q, k, v, probs, axis, edges)
+    return _grads_like(q, k, v, output_mask)
+
+
+def _setup_core_context(ctx, inputs, output):
+    q, k, v, _, _, scale, axis, edges, keep_probs = inputs
+    if not keep_probs:
+        raise RuntimeError(
+            "te_fast: attention_core(..., keep_probs=False) keeps no probabilities for a "
+            "backward; pass keep_probs=True where q, k or v require grad"
+        )
+    _, probs = output
+    ctx.mark_non_differentiable(*probs)  # the backward's inputs, nothing to differentiate
+    ctx.set_materialize_grads(False)  # (no zero-filled gradients for them: P's worth of bytes)
+    ctx.save_for_backward(q, k, v, *probs)
+    ctx.scale, ctx.axis, ctx.edges = scale, axis, edges
+
+
+def _core_autograd_backward(ctx, grad_out, _grad_probs):
+    q, k, v, *probs = ctx.saved_tensors
+    grads = (None, None, None)
+    if grad_out is not None:
+        grads = torch.ops.te_fast.attention_core_backward.default(
+            grad_out, q, k, v, probs, ctx.scale, ctx.axis, ctx.edges, ctx.needs_input_grad[:3]
+        )
+    return (*grads, None, None, None, None, None, None)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "te_fast: the attention core does not support double backward "
+        "(attention_core_backward has no derivative); the module's whole-tensor path does: "
+        "raise UnfusedDotProductAttention.core_min_score_bytes above the call's scores"
+    )
+
+
+# (getattr: a torch without the tag still registers the ops; inductor then keeps custom ops'
+# strides by default, as 2.11 and 2.13 do)
+_CORE_TAGS = tuple(t for t in (getattr(torch.Tag, "needs_exact_strides", None),) if t is not None)
+
+
+def _register_core_ops() -> None:
+    kernels = {
+        "attention_core": (_attention_core, _attention_core_fake),
+        "attention_core_backward": (_attention_core_backward, _attention_core_backward_fake),
+    }
+    for name, (kernel, fake) in kernels.items():
+        qualname = f"te_fast::{name}"
+        torch.library.define(qualname, CORE_SCHEMAS[name], tags=_CORE_TAGS)
+        torch.library.impl(qualname, ("cpu", "cuda"), kernel)
+        torch.library.register_fake(qualname, fake)
+    torch.library.register_autograd(
+        "te_fast::attention_core", _core_autograd_backward, setup_context=_setup_core_context
+    )
+    torch.library.register_autograd("te_fast::attention_core_backward", _no_double_backward)
+
+
+if UNAVAILABLE_REASON is None:
+    _register_core_ops()

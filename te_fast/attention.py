@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from types import MappingProxyType
 
 import torch
@@ -78,14 +77,15 @@ class UnfusedDotProductAttention(torch.nn.Module):
     an ``nn.Parameter`` ``softmax_offset`` of shape [h] (initialised to zeros), or pass
     ``softmax_offset`` to forward (which then overrides the parameter).
 
-    score_chunk_bytes (te_fast's own, not Transformer Engine's): plain eager fp16/bf16 calls
-    (vanilla softmax, no bias, no dropout in training, no max_logit) with at least
-    CORE_MIN_SCORE_BYTES (64 MiB) of scores run BMM1 -> softmax -> BMM2 and the backward as one
-    autograd node on the strided inputs (te_fast/_eager.py core), in slices of at most this many
-    bytes of [b, h, sq, skv] scores along the batch (or head) axis, so that besides the saved
-    probabilities only one slice's scores (or dP and dS) are alive. None: one slice. Default
-    256 MiB. Traces (torch.compile) see the ops on whole tensors. The core's backward does not
-    support double backward.
+    score_chunk_bytes (te_fast's own, not Transformer Engine's): fp16/bf16 calls (vanilla
+    softmax, no bias, no dropout in training, no max_logit) with at least CORE_MIN_SCORE_BYTES
+    (64 MiB) of scores run BMM1 -> softmax -> BMM2 and the backward as one autograd node on the
+    strided inputs (te_fast/_eager.py core), in slices of at most this many bytes of [b, h, sq,
+    skv] scores along the batch (or head) axis, so that besides the saved probabilities only one
+    slice's scores (or dP and dS) are alive. None: one slice. Default 256 MiB. Traces
+    (torch.compile) run the same slices through the ops te_fast::attention_core and
+    attention_core_backward; functorch transforms keep the whole-tensor ops. The core's backward
+    does not support double backward.
     """
 
     score_chunk_bytes: int | None = DEFAULT_SCORE_CHUNK_BYTES
@@ -228,8 +228,8 @@ class UnfusedDotProductAttention(torch.nn.Module):
         masked = None if kernel_causal else self._mask(call, q.device)
 
         plan = self._core_plan(call, qh)
-        if plan is not None:  # plain eager: one autograd node, no copies, slice by slice
-            softmax = functools.partial(self._vanilla_softmax, call, kernel_causal, scale)
+        if plan is not None:  # one autograd node (or op), no copies, slice by slice
+            softmax = self._softmax_kind(call, kernel_causal, masked)
             o = _eager.core(qh, kh, vh, masked, softmax, scale, plan)
             return self._output(call, o)
 
@@ -264,16 +264,21 @@ class UnfusedDotProductAttention(torch.nn.Module):
         return out, logits.amax(dim=(0, 2, 3))  # (h,)
 
     def _core_plan(self, call, qh):
-        """(axis, bounds) of the eager core's slices (_eager.chunk_bounds at score_chunk_bytes,
-        one slice when that is None or the scores fit) for a plain eager fp16/bf16 call with a
-        vanilla softmax, no bias, no dropout in training, no max_logit and at least
-        core_min_score_bytes of scores; None otherwise."""
-        score_bytes = call.b * call.h * call.sq * call.skv * qh.element_size()
-        if score_bytes < self.core_min_score_bytes or not (
+        """(axis, bounds) of the core's slices (_eager.chunk_bounds at score_chunk_bytes, one
+        slice when that is None or the scores fit) for an fp16/bf16 call with a vanilla softmax,
+        no bias, no dropout in training, no max_logit and at least core_min_score_bytes of
+        scores, in plain eager calls and traces alike (not under functorch transforms:
+        _eager.core_applies); None otherwise."""
+        if not (
             qh.dtype in (torch.float16, torch.bfloat16) and call.softmax_type == "vanilla"
             and call.bias_type == "no_bias" and not self.return_max_logit
-            and not (self.training and self.attention_dropout > 0.0) and _eager.plain_eager()
+            and not (self.training and self.attention_dropout > 0.0) and _eager.core_applies()
         ):  # fmt: skip
+            return None
+        # Sizes last: with dynamic shapes this comparison is a guard, which the calls that fail
+        # the checks above (fp32, biases, ...) need not carry.
+        score_bytes = call.b * call.h * call.sq * call.skv * qh.element_size()
+        if score_bytes < self.core_min_score_bytes:
             return None
         limit = self.score_chunk_bytes
         plan = None
@@ -281,21 +286,21 @@ class UnfusedDotProductAttention(torch.nn.Module):
             plan = _eager.chunk_bounds(call.b, call.h, call.sq, call.skv, qh.element_size(), limit)
         return plan or (0, [(0, call.b)])
 
+    @staticmethod
+    def _softmax_kind(call, kernel_causal, masked):
+        """The te_fast softmax for a vanilla row (one of _eager.SOFTMAX_KINDS): a causal kernel
+        (no mask tensor) where kernel_causal, else the plain or the explicitly masked softmax."""
+        if kernel_causal and not call.bottom_right:
+            return "scaled_upper_triang_masked_softmax"
+        if kernel_causal:
+            return "scaled_aligned_causal_masked_softmax"
+        return "scaled_softmax" if masked is None else "scaled_masked_softmax"
+
     @classmethod
     def _vanilla_softmax(cls, call, kernel_causal, scale, scores, masked):
-        """The te_fast softmax op for a vanilla row: a causal kernel (no mask tensor) where
-        kernel_causal, else the plain or the explicitly masked softmax."""
-        if kernel_causal and not call.bottom_right:
-            b, h, sq, skv = scores.shape
-            return _eager.softmax(
-                "scaled_upper_triang_masked_softmax_fwd", scores, None, scale,
-                rows=(b * h, sq, skv),
-            )  # fmt: skip
-        if kernel_causal:
-            return _eager.softmax("scaled_aligned_causal_masked_softmax_fwd", scores, None, scale)
-        if masked is None:
-            return _eager.softmax("scaled_softmax_fwd", scores, None, scale)
-        return cls._masked_softmax(scores, masked, scale)
+        """The te_fast softmax op for a vanilla row on the whole scores (b, h, sq, skv)."""
+        kind = cls._softmax_kind(call, kernel_causal, masked)
+        return _eager.scores_softmax(kind, scores, masked, scale)
 
     @staticmethod
     def _band(call, device):
@@ -342,17 +347,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
 
     @staticmethod
     def _masked_softmax(scores, masked, scale):
-        b, h, sq, skv = scores.shape
-        if masked.shape[1] == 1:  # one mask per batch element (or one for all)
-            return _eager.softmax(
-                "scaled_masked_softmax_fwd", scores, masked.expand(-1, 1, sq, skv), scale
-            )
-        # per-head masks: give each (batch, head) row block its own "batch" entry
-        per_head = masked.expand(b, h, sq, skv).reshape(b * h, 1, sq, skv)
-        probs = _eager.softmax(
-            "scaled_masked_softmax_fwd", scores.reshape(b * h, 1, sq, skv), per_head, scale
-        )
-        return probs.view(b, h, sq, skv)
+        return _eager.scores_softmax("scaled_masked_softmax", scores, masked, scale)
 
     def _sink_softmax(self, call, scores, scale, masked):
         """off-by-one / learnable: one extra logit (0 or offset[h]) joins every row's denominator.

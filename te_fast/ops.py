@@ -7,7 +7,7 @@ import torch
 from te_fast import _registry as reg
 from te_fast._loader import UNAVAILABLE_REASON
 
-__all__ = [op.public for op in reg.OPS]
+__all__ = [op.public for op in reg.OPS] + ["attention_core", "attention_core_backward"]
 
 _SOFTMAX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _STORAGE_DTYPES = (
@@ -99,6 +99,50 @@ def convert_bshd_to_thd(
     cu_seqlens: int32 [b + 1]; num_tokens is a plain int (never read from a device tensor).
     """
     return _ops().convert_bshd_to_thd.default(bshd, cu_seqlens, num_tokens)
+
+
+def attention_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    softmax: str,
+    scale: float,
+    axis: int,
+    edges: list[int],
+    keep_probs: bool,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """softmax(scale * q k^T) v, slice by slice: UnfusedDotProductAttention's core as traces see
+    it (defined in te_fast/_eager.py, its kernels the eager core's own code).
+
+    q [b, h, sq, d], k [b, h, skv, d], v [b, h, skv, dv] (any strides, one dtype); softmax: the
+    te_fast softmax (a forward op's name less "_fwd", te_fast._eager.SOFTMAX_KINDS); mask: bool,
+    broadcastable to [b, h, sq, skv], True = masked out, with "scaled_masked_softmax" only;
+    axis 0 (batch) or 1 (heads) and edges [0, ..., q.shape[axis]]: the slices [edges[i],
+    edges[i + 1]). Returns o [b, h, sq, dv], laid out in memory as q is, and with keep_probs the
+    probabilities of each slice ([hi - lo, h, sq, skv] or [b, hi - lo, sq, skv], contiguous),
+    which attention_core_backward takes (keep_probs=False: [], no backward).
+    """
+    return _ops().attention_core.default(q, k, v, mask, softmax, scale, axis, edges, keep_probs)
+
+
+def attention_core_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    probs: list[torch.Tensor],
+    scale: float,
+    axis: int,
+    edges: list[int],
+    output_mask: list[bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(dq, dk, dv) of attention_core from grad_out [b, h, sq, dv] and the probabilities it
+    returned, slice by slice; each laid out in memory as its input is, None where output_mask
+    (three bools) says no. No double backward."""
+    return _ops().attention_core_backward.default(
+        grad_out, q, k, v, probs, scale, axis, edges, output_mask
+    )
 
 
 _missing = [op.public for op in reg.OPS if op.public not in globals()]
