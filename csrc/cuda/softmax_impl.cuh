@@ -176,16 +176,6 @@ __device__ __forceinline__ A row_reduce(A v, Op op, Slots<A, W>& s) {
   return v;
 }
 
-// The final barrier of a cluster kernel: no CTA may exit while another still reads its slots.
-template <int C>
-__device__ __forceinline__ void cluster_exit() {
-  if constexpr (C > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cooperative_groups::this_cluster().sync();
-#endif
-  }
-}
-
 // The two halves of a cluster barrier: arrive once done with the peers' shared memory, wait
 // before this CTA's own may change (its next row, or its exit), with work in between.
 template <int C>
@@ -203,6 +193,13 @@ __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
   }
+}
+
+// The final barrier of a cluster kernel: no CTA may exit while another still reads its slots.
+template <int C>
+__device__ __forceinline__ void cluster_exit() {
+  cluster_arrive<C>();
+  cluster_wait<C>();
 }
 
 // One configuration: V columns per chunk, K chunks per thread, G threads of a CTA and C CTAs
@@ -470,6 +467,19 @@ __device__ __forceinline__ void forward_row_packed(const SoftmaxFwdArgs& a, int6
   store_row<T, V, K, G, C>(a, row, v, inv);
 }
 
+// Bit e set where column j0 + e of a chunk of V columns is kept: below `limit` (the causal cut)
+// and not in the chunk's MaskChunk m.
+template <int V, typename M>
+__device__ __forceinline__ uint32_t kept_bits(int j0, int limit, const M& m) {
+  constexpr uint32_t kFull = V == 32 ? 0xffffffffu : (1u << V) - 1u;
+  uint32_t bits = kFull;
+  if (j0 + V > limit) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) bits &= j0 + e < limit ? kFull : ~(1u << e);
+  }
+  return bits & ~m.bits();
+}
+
 // forward_row's general path: fp32 data, one-element chunks, scale <= 0 (see forward_row).
 template <typename T, int V, int K, int G, int C, typename ChunkAt, typename MaskedAt,
           typename MaxSlots, typename SumSlots>
@@ -496,12 +506,7 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
       continue;
     }
     chunk(k).unpack(w);
-    uint32_t bits = kFull;
-    if (j0 + V > limit) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) bits &= j0 + e < limit ? kFull : ~(1u << e);
-    }
-    bits &= ~masked(k).bits();
+    const uint32_t bits = kept_bits<V>(j0, limit, masked(k));
     on |= bits << (k * V);
     if (bits != kFull) {
 #pragma unroll
@@ -825,18 +830,12 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
       // fp32: forward_row_general's arithmetic (max of fl(x * c) over kept columns, the
       // accurate expf of the double argument, double sums, TimesInv<double>).
       static_assert(K * V <= 32, "the kept-column bits of a thread are one 32-bit word");
-      constexpr uint32_t kFull = (1u << V) - 1u;
       uint32_t on = 0;  // bit k * V + e: column e of chunk k is kept
       float mx = -INFINITY;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (col(k) >= limit) continue;
-        uint32_t bits = kFull;
-        if (col(k) + V > limit) {
-#pragma unroll
-          for (int e = 0; e < V; ++e) bits &= col(k) + e < limit ? kFull : ~(1u << e);
-        }
-        bits &= ~mask[k].bits();
+        const uint32_t bits = kept_bits<V>(col(k), limit, mask[k]);
         on |= bits << (k * V);
         float v[V];
         Chunk<T, V>{xs[k * G + t]}.unpack(v);
@@ -1085,8 +1084,6 @@ inline bool clusters_supported() {
   return major >= 9;
 }
 
-// CTAs of `kernel` that one SM holds at once (cached per kernel: the query is not free).
-// The first call also raises the kernel's dynamic shared memory limit to what it uses.
 // Raises the kernel's dynamic shared memory limit to what it uses, once: dynamic plus static
 // shared memory may pass the default 48 KiB.
 template <typename Kn, typename Kernel>
@@ -1099,6 +1096,8 @@ void allow_smem(Kernel kernel, size_t smem) {
   done = true;
 }
 
+// CTAs of `kernel` that one SM holds at once (cached per kernel: the query is not free).
+// The first call also raises the kernel's dynamic shared memory limit to what it uses.
 template <typename Kn, typename Kernel>
 int resident_ctas_per_sm(Kernel kernel, int threads, size_t smem) {
   static int cached = 0;  // one per kernel (Kn); the same for every device of one architecture
