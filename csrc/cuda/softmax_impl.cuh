@@ -25,8 +25,8 @@
 //
 // The long forward (softmax_fwd_long, launch_long): longer rows in 16-byte chunks, copied into
 // shared memory (one CTA a row up to 32K fp16/bf16 or 16K fp32 columns, clusters of 2..8 CTAs
-// beyond), three passes over it. 92% of the copy ceiling at 32K bf16 columns, 85-96% for fp32
-// from 1K to 16K (H200, 2026-12-04).
+// beyond), three passes over it. 92% of the copy ceiling at 32K bf16 columns, 89% at 64K, 85-96%
+// for fp32 from 1K to 16K (H200, 2026-12-04).
 //
 // Rows longer than the largest configuration (128K columns, or clusters unavailable) take the
 // two-pass block kernel at the end of this file, which has no length limit.
@@ -69,6 +69,7 @@ constexpr int kSubWarpCtaThreads = 128;  // CTA size when several rows share a w
 constexpr int kBlockThreads = 512;       // the two-pass kernel's CTA size
 constexpr int64_t kMaxCtas = 1 << 24;    // grid-stride loops cover any row count beyond this
 constexpr double kLog2e = 1.4426950408889634;
+constexpr int64_t kMaxFastRows = 0x7fffffff;  // row counts whose rows divide in 32 bits (Divisor)
 
 template <typename T>
 constexpr bool kWide = std::is_same<T, float>::value;
@@ -202,6 +203,82 @@ __device__ __forceinline__ void cluster_exit() {
   cluster_wait<C>();
 }
 
+// One exchange per row between the C CTAs of a cluster, in place of cluster-wide barriers: each
+// CTA sends its pair (max, sum) to every CTA of the cluster (st.async into the peer's slot, which
+// completes a transaction on the peer's mbarrier) and waits on its own mbarrier until the C pairs
+// of the row have landed. Rows alternate between two mbarriers and two sets of slots (parity), so
+// that a fast CTA cannot overwrite a slot that a slow one has yet to read: a CTA sends its pair of
+// row n + 2 only after it has received every pair of row n + 1, which each CTA sends after it has
+// read its pairs of row n. The peers' mbarriers must be initialised before the first send: init()
+// then a cluster barrier (arrive at the kernel's start, wait before the first send).
+template <int C>
+struct Exchange {
+  uint64_t bar[2];
+  double2 slot[2][C];  // (max, sum) from each rank
+
+  __device__ __forceinline__ void init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bar[p]))
+                     : "memory");
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+#endif
+  }
+  // The n-th row of this CTA: sends (m, s) from rank `rank` and returns the C pairs in rank order.
+  __device__ __forceinline__ const double2* swap(int64_t n, int rank, double m, double s) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int p = static_cast<int>(n & 1);
+    const uint32_t parity = static_cast<uint32_t>(n >> 1) & 1u;
+    const uint32_t my_bar = smem_addr(&bar[p]);
+    if (threadIdx.x == 0) {  // this row's phase: one arrival and C pairs of 16 bytes
+      uint64_t state;
+      asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 %0, [%1], %2;\n"
+                   : "=l"(state)
+                   : "r"(my_bar), "r"(C * 16)
+                   : "memory");
+    }
+    if (threadIdx.x < C) {  // thread r sends to rank r
+      uint32_t peer_slot;
+      uint32_t peer_bar;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                   : "=r"(peer_slot)
+                   : "r"(smem_addr(&slot[p][rank])), "r"(threadIdx.x));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                   : "=r"(peer_bar)
+                   : "r"(my_bar), "r"(threadIdx.x));
+      asm volatile(
+          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b64 [%0], {%1, %2}, [%3];\n" ::
+              "r"(peer_slot),
+          "l"(__double_as_longlong(m)), "l"(__double_as_longlong(s)), "r"(peer_bar)
+          : "memory");
+    }
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n"
+          " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(my_bar), "r"(parity)
+          : "memory");
+    }
+    return slot[p];
+#else
+    __trap();  // the host launches clusters only on sm_90 and newer
+    return nullptr;
+#endif
+  }
+
+ private:
+  __device__ __forceinline__ static uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  }
+};
+
 // One configuration: V columns per chunk, K chunks per thread, G threads of a CTA and C CTAs
 // per row.
 template <int V, int K, int G, int C>
@@ -226,26 +303,45 @@ struct Shape {
 };
 
 // Where a row sits: its query index i and its mask row (masked modes only, so the plain softmax
-// does no division). 32-bit division when the row count allows, which is almost always.
+// does no division). Rows below 2^31 divide by a multiply and a shift (Divisor, set by
+// softmax_fwd_typed), which is almost always.
 struct RowPos {
   int64_t i;
   const bool* m;  // nullptr unless kExplicitMask
 };
 
-__device__ __forceinline__ RowPos row_pos(const SoftmaxFwdArgs& a, int64_t row) {
-  if (a.mode == te_fast_rules::kNoMask) return {0, nullptr};
+__device__ __forceinline__ uint32_t divide(uint32_t n, const Divisor& d) {
+  return (__umulhi(n, d.magic) + n) >> d.shift;
+}
+__device__ __forceinline__ uint64_t divide(uint64_t n, const Divisor& d) {
+  return (__umul64hi(n, d.magic64) + n) >> d.shift;
+}
+
+// masked (kMask kernels: the host launches them for kExplicitMask alone; the two-pass kernel
+// passes the mode's test): i and the row of the explicit mask; otherwise i alone, for the causal
+// modes.
+__device__ __forceinline__ RowPos row_pos(const SoftmaxFwdArgs& a, int64_t row, bool masked) {
+  if (!masked && a.mode == te_fast_rules::kNoMask) return {0, nullptr};
   int64_t i;
   int64_t batch = 0;
-  if (a.rows <= 0xffffffffll) {
+  if (a.rows <= kMaxFastRows) {
     const uint32_t r = static_cast<uint32_t>(row);
-    i = r % static_cast<uint32_t>(a.sq);
-    if (a.mode == te_fast_rules::kExplicitMask) batch = r / static_cast<uint32_t>(a.heads * a.sq);
+    i = r - divide(r, a.by_sq) * static_cast<uint32_t>(a.sq);
+    if (masked) batch = divide(r, a.by_head_rows);
   } else {
-    i = row % a.sq;
-    if (a.mode == te_fast_rules::kExplicitMask) batch = row / (a.heads * a.sq);
+    const uint64_t r = static_cast<uint64_t>(row);
+    i = static_cast<int64_t>(r - divide(r, a.by_sq) * static_cast<uint64_t>(a.sq));
+    if (masked) batch = static_cast<int64_t>(divide(r, a.by_head_rows));
   }
-  if (a.mode != te_fast_rules::kExplicitMask) return {i, nullptr};
+  if (!masked) return {i, nullptr};
   return {i, a.mask + batch * a.mask_batch_stride + i * a.sk};
+}
+
+// Columns j < row_limit may be kept: kept_prefix's causal cut, the whole row under an explicit
+// mask.
+template <bool kMask>
+__device__ __forceinline__ int row_limit(const SoftmaxFwdArgs& a, const RowPos& p) {
+  return kMask ? static_cast<int>(a.sk) : static_cast<int>(kept_prefix(a.mode, p.i, a.sq, a.sk));
 }
 
 // e = exp(scale * x - max) of one kept value: base 2 with the scale folded in for fp16/bf16
@@ -583,8 +679,8 @@ struct FwdRow {
   __device__ __forceinline__ void fetch(const SoftmaxFwdArgs& a, int64_t r) {
     row = r;
     const bool live = r < a.rows;
-    const RowPos p = live ? row_pos(a, r) : RowPos{0, nullptr};
-    limit = live ? static_cast<int>(kept_prefix(a.mode, p.i, a.sq, a.sk)) : 0;
+    const RowPos p = live ? row_pos(a, r, kMask) : RowPos{0, nullptr};
+    limit = live ? row_limit<kMask>(a, p) : 0;
     const T* src = static_cast<const T*>(a.x) + (live ? r : 0) * a.sk;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -727,13 +823,17 @@ __device__ __forceinline__ void cp_async_wait() {
 // e * (1 / sum). The row's values do not live in registers between passes, so a thread may own
 // many chunks and a CTA has its whole block in flight at once; the grid is one cluster per row
 // (not persistent), so that while one CTA reduces, the SM's other CTAs keep their copies in flight
-// (32 or 64 KiB a CTA: 192 KiB of loads per SM). An explicit mask is read into registers with the
-// copies and applied in the first pass: fp16/bf16 write the masked columns back as -inf (the
-// later passes need no mask), fp32 keep the thread's kept-column bits in one word. fp16/bf16
-// recompute the exponential in the write pass (ex2.approx: the same bits as in the sum); fp32
-// keep each e in place of its x from the second pass (its accurate expf costs more than a
-// shared-memory round trip). The arithmetic is forward_row's: the same max, e and 1 / sum (the
-// sums in another order).
+// (32 or 64 KiB a CTA: 192 KiB of loads per SM). An explicit mask is read into registers once
+// the copies have landed and applied in the first pass: fp16/bf16 write the masked columns back
+// as -inf (the later passes need no mask), fp32 keep the thread's kept-column bits in one word.
+// fp16/bf16 recompute the exponential in the write pass (ex2.approx: the same bits as in the
+// sum); fp32 keep each e in place of its x from the second pass (its accurate expf costs more
+// than a shared-memory round trip). On one CTA the arithmetic is forward_row's: the same max, e
+// and 1 / sum (the sums in another order). A cluster's CTAs work from their own block's max m_r
+// and sum s_r and swap the pairs once (Exchange): the row's max M and sum S = sum of s_r
+// 2^(m_r - M) (base 2 with the scale folded in), then recompute e with M. Two cluster barriers a
+// row before (2026-12-04, H200: bf16 64K 80%, two CTAs); one swap: 89% the same day. fp32
+// clusters still reduce through row_reduce's barriers.
 template <typename T, int K, int G, int C>
 struct LongShape {
   static constexpr int V = kVec<T>;
@@ -761,9 +861,19 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
   const int rank = C > 1 ? static_cast<int>(blockIdx.x % C) : 0;
   const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   const int64_t stride = gridDim.x / C;
-  for (int64_t row = blockIdx.x / C; row < a.rows; row += stride) {
-    const RowPos p = row_pos(a, row);
-    const int limit = static_cast<int>(kept_prefix(a.mode, p.i, a.sq, a.sk));
+  // fp16/bf16 clusters reduce each row through one Exchange: each CTA's max and sum first, then
+  // the row's; fp32 clusters through row_reduce's barriers.
+  constexpr bool kExchange = C > 1 && !kWide<T>;
+  constexpr int kReduceCtas = kExchange ? 1 : C;
+  __shared__ Exchange<kExchange ? C : 1> xchg;
+  if constexpr (kExchange) {
+    xchg.init();
+    cluster_arrive<C>();  // waited for before the first send: the peers' mbarriers are ready
+  }
+  int64_t n = 0;  // rows done by this CTA
+  for (int64_t row = blockIdx.x / C; row < a.rows; row += stride, ++n) {
+    const RowPos p = row_pos(a, row, kMask);
+    const int limit = row_limit<kMask>(a, p);
     const int base = rank * L::kCtaColumns;
     const T* src = static_cast<const T*>(a.x) + row * a.sk;
     auto col = [&](int k) { return base + (k * G + t) * V; };
@@ -772,11 +882,16 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
     for (int k = 0; k < K; ++k) {
       if (col(k) < limit) {  // chunks wholly past the causal limit (or the row) are never read
         cp_async<sizeof(R)>(xs + k * G + t, src + col(k));
-        mask[k].load(p.m + col(k));
       }
     }
     cp_async_commit();
     cp_async_wait<0>();  // each slot is written and read by its own thread only: no barrier
+    // The mask only now (its rows are mostly L2 hits: a mask row serves every head): read with
+    // the copies, its registers were live across the wait, and the masked kernels spilled.
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (col(k) < limit) mask[k].load(p.m + col(k));
+    }
     T* y = static_cast<T*>(a.y) + row * a.sk;
     if constexpr (!kWide<T>) {
       using P = Packed<T>;
@@ -793,8 +908,8 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
           if (col(k) < limit) xs[k * G + t] = *reinterpret_cast<const R*>(w);  // masked: -inf
         }
       }
-      const float mx = row_reduce<G, C>(fmaxf(P::lo(m2), P::hi(m2)), MaxOp{}, max_slots);
-      const float shift = mx == -INFINITY ? 0.f : mx * c;  // as in forward_row_packed
+      const float mx = row_reduce<G, kReduceCtas>(fmaxf(P::lo(m2), P::hi(m2)), MaxOp{}, max_slots);
+      float shift = mx == -INFINITY ? 0.f : mx * c;  // as in forward_row_packed
       auto exps = [&](int k, float* e) {
         uint32_t w[kW];
         packed_words<T, V>(col(k), limit, [&] { return at(k); },
@@ -814,8 +929,29 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
 #pragma unroll
         for (int i = 0; i < V; ++i) part += e[i];
       }
-      const float sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
-      cluster_arrive<C>();  // this CTA has read its peers' slots of this row
+      float sum = row_reduce<G, kReduceCtas>(part, SumOp{}, sum_slots);
+      if constexpr (kExchange) {
+        if (n == 0) cluster_wait<C>();
+        const double2* pairs = xchg.swap(n, rank, mx, sum);
+        // The row's max M and sum: each CTA's sum of 2^(x c - m_r c) times 2^(m_r c - M c), in
+        // rank order (every CTA computes the same bits). A block with no kept column sends sum 0.
+        float row_mx = -INFINITY;
+#pragma unroll
+        for (int r = 0; r < C; ++r) row_mx = fmaxf(row_mx, static_cast<float>(pairs[r].x));
+        const float row_shift = row_mx == -INFINITY ? 0.f : row_mx * c;
+        float total = 0.f;
+#pragma unroll
+        for (int r = 0; r < C; ++r) {
+          const float m_r = static_cast<float>(pairs[r].x);
+          const float s_r = static_cast<float>(pairs[r].y);
+          if (s_r != 0.f) total += s_r * fast_exp2((m_r == -INFINITY ? 0.f : m_r * c) - row_shift);
+        }
+        shift = row_shift;
+        sum = total;
+        if (row + stride >= a.rows) cluster_arrive<C>();  // its last row: the exit barrier
+      } else {
+        cluster_arrive<C>();  // this CTA has read its peers' slots of this row
+      }
       const TimesInv<float> times_inv(sum == 0.f ? 0.f : 1.f / sum);  // fully masked row -> 0
 #pragma unroll
       for (int k = 0; k < K; ++k) {
@@ -826,6 +962,7 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         for (int i = 0; i < V; ++i) e[i] = times_inv(e[i]);
         Chunk<T, V>::store(y + col(k), e);
       }
+      if constexpr (!kExchange) cluster_wait<C>();  // no CTA reuses its slots while peers read
     } else {
       // fp32: forward_row_general's arithmetic (max of fl(x * c) over kept columns, the
       // accurate expf of the double argument, double sums, TimesInv<double>).
@@ -844,7 +981,7 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
           if (bits >> e & 1u) mx = fmaxf(mx, v[e] * c);
         }
       }
-      mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
+      mx = row_reduce<G, kReduceCtas>(mx, MaxOp{}, max_slots);
       const float shift = mx == -INFINITY ? 0.f : mx;
       Acc<T> part = 0;
 #pragma unroll
@@ -859,7 +996,7 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         }
         xs[k * G + t] = *reinterpret_cast<const R*>(v);  // e in place of x
       }
-      const Acc<T> sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
+      const Acc<T> sum = row_reduce<G, kReduceCtas>(part, SumOp{}, sum_slots);
       cluster_arrive<C>();
       const TimesInv<Acc<T>> times_inv(sum == Acc<T>(0) ? Acc<T>(0) : Acc<T>(1) / sum);
 #pragma unroll
@@ -871,8 +1008,15 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         for (int i = 0; i < V; ++i) e[i] = times_inv(e[i]);
         Chunk<T, V>::store(y + col(k), e);
       }
+      cluster_wait<C>();  // no CTA exits, or reuses its slots, while a peer may still read them
     }
-    cluster_wait<C>();  // no CTA exits, or reuses its slots, while a peer may still read them
+  }
+  if constexpr (kExchange) {
+    if (n == 0) {  // no row: the start barrier, then this CTA's arrival at the exit barrier
+      cluster_wait<C>();
+      cluster_arrive<C>();
+    }
+    cluster_wait<C>();  // no CTA exits while a peer may still send to it
   }
 }
 
@@ -986,7 +1130,7 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
   const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   const int64_t step = static_cast<int64_t>(blockDim.x) * V;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    const RowPos r = row_pos(a, row);
+    const RowPos r = row_pos(a, row, a.mode == te_fast_rules::kExplicitMask);
     const int64_t limit = kept_prefix(a.mode, r.i, a.sq, a.sk);
     const T* x = static_cast<const T*>(a.x) + row * a.sk;
     MaxSum t{-INFINITY, 0.0};
@@ -1291,13 +1435,16 @@ cudaError_t launch_block(Kernel kernel, const Args& a, cudaStream_t stream) {
 // kernel (python -m benchmarks, bf16): 98-100% of the copy ceiling against 86-90% up to 2048
 // columns, 96/97/90% against 81/80/85% at 4K/8K/16K. On clusters of 2..8 CTAs this design reached
 // 65/58% at 32K/64K against the staged kernel's 77/68% (same day). The long kernel on one CTA of
-// 256 threads reached 85% at 16K (same day), under this kernel's 91%.
+// 256 threads reached 85% at 16K (same day), under this kernel's 91%. Masked rows: 89/89/88% at
+// 32/128/512 columns and 83% at 16K while each row's position took two 32-bit divisions, 95-96%
+// and 88% with Divisor's multiply and shift (same day).
 //
 // fp32 (the general row path: double sums, no packed words): two chunks a thread (8 values; every
 // shape, masked or not, fits 40 registers without spilling under nvcc 13.0 for sm_90: 1536
 // threads per SM). Measured on an H200 (python -m benchmarks, 2026-12-04): plain rows 93/91/91% of
-// the copy ceiling at 32/128/512 columns, masked 74-77%; from 1K columns on the long kernel is
-// faster (see launch_long). ncu at 4K on this kernel: 71% of warps active, 56 instructions per
+// the copy ceiling at 32/128/512 columns, masked 74-77% (81-87% with Divisor, the same day: the
+// divisions had shared the conversion and MUFU pipes with expf); from 1K columns on the long
+// kernel is faster (see launch_long). ncu at 4K on this kernel: 71% of warps active, 56 instructions per
 // element, 51% of the DRAM peak: the long kernel, with the same arithmetic, reached 95% there, so
 // what held this one back was the bytes a thread keeps in flight, not its instruction stream.
 // Tries the direct kernel at kSmThreads with K chunks a thread on G threads a row, for each G in
@@ -1383,8 +1530,29 @@ cudaError_t softmax_fwd_masked(const SoftmaxFwdArgs& a, cudaStream_t stream) {
   return launch_block(softmax_fwd_block<T, 1>, a, stream);
 }
 
+// The Divisor of d (1 <= d < 2^63): shift = ceil(log2 d), magic = 2^N (2^shift - d) / d + 1 for
+// N = 32 (d < 2^31) and 64.
+inline Divisor make_divisor(int64_t d) {
+  uint32_t shift = 0;
+  while ((int64_t{1} << shift) < d) ++shift;
+  using U128 = unsigned __int128;
+  const U128 excess = (U128{1} << shift) - static_cast<U128>(d);
+  Divisor out;
+  out.shift = shift;
+  out.magic64 = static_cast<uint64_t>((excess << 64) / static_cast<U128>(d) + 1);
+  if (d <= kMaxFastRows) {
+    out.magic = static_cast<uint32_t>((excess << 32) / static_cast<U128>(d) + 1);
+  }
+  return out;
+}
+
 template <typename T>
-cudaError_t softmax_fwd_typed(const SoftmaxFwdArgs& a, cudaStream_t stream) {
+cudaError_t softmax_fwd_typed(const SoftmaxFwdArgs& args, cudaStream_t stream) {
+  SoftmaxFwdArgs a = args;
+  if (a.mode != te_fast_rules::kNoMask) {  // heads * sq <= rows
+    a.by_sq = make_divisor(a.sq);
+    a.by_head_rows = make_divisor(a.heads * a.sq);
+  }
   if (a.mode == te_fast_rules::kExplicitMask) return softmax_fwd_masked<T, true>(a, stream);
   return softmax_fwd_masked<T, false>(a, stream);
 }
@@ -1394,7 +1562,8 @@ cudaError_t softmax_fwd_typed(const SoftmaxFwdArgs& a, cudaStream_t stream) {
 template <typename T>
 bool launch_long_fp32_bwd(const SoftmaxBwdArgs& a, cudaStream_t stream, cudaError_t& err) {
   if constexpr (kWide<T>) {
-    return clusters_supported() && try_shape<BwdKernel, T, kVec<T>, 4, 512, 8, false>(a, stream, err);
+    return clusters_supported() &&
+           try_shape<BwdKernel, T, kVec<T>, 4, 512, 8, false>(a, stream, err);
   } else {
     return false;
   }
