@@ -30,6 +30,8 @@ TABLE = (
     "--op masked --sk 2048",
     "--op bwd --sk 2048",
     "--op fwd --sk 4096 --dtype fp32",
+    "--op fwd --sk 32768 --dtype fp32",
+    "--op masked --sk 128",
     "--impl triton --sk 1024",
     "--impl triton --sk 2048",
 )

@@ -371,12 +371,23 @@ struct MaskChunk {
   }
   // Bit e set when column e of the chunk is masked out.
   __device__ __forceinline__ uint32_t bits() const {
+    if constexpr (V == 4) {
+      return gather4(raw);
+    } else if constexpr (V == 8) {
+      return gather4(raw.x) | gather4(raw.y) << 4;
+    }
     alignas(8) uint8_t b[V];
     *reinterpret_cast<typename Raw<V>::type*>(b) = raw;
     uint32_t out = 0;
 #pragma unroll
     for (int e = 0; e < V; ++e) out |= b[e] ? 1u << e : 0u;
     return out;
+  }
+  // Bit e of the result set when byte e of w is nonzero: each nonzero byte to 0x01 in place, then
+  // one multiply moves byte e's bit to bit 24 + e (the partial products land on distinct bits
+  // below 24 or past 31, so nothing carries into bits 24..27).
+  __device__ __forceinline__ static uint32_t gather4(uint32_t w) {
+    return ((__vcmpne4(w, 0u) & 0x01010101u) * 0x01020408u) >> 24;
   }
   // For packed 16-bit values: 0xffff in each 16-bit lane of word i (columns 2i and 2i + 1) whose
   // column is masked out.
@@ -831,9 +842,9 @@ __device__ __forceinline__ void cp_async_wait() {
 // than a shared-memory round trip). On one CTA the arithmetic is forward_row's: the same max, e
 // and 1 / sum (the sums in another order). A cluster's CTAs work from their own block's max m_r
 // and sum s_r and swap the pairs once (Exchange): the row's max M and sum S = sum of s_r
-// 2^(m_r - M) (base 2 with the scale folded in), then recompute e with M. Two cluster barriers a
-// row before (2026-12-04, H200: bf16 64K 80%, two CTAs); one swap: 89% the same day. fp32
-// clusters still reduce through row_reduce's barriers.
+// 2^(m_r - M) (base 2 with the scale folded in for fp16/bf16, which then recompute e with M; fp32
+// scale their stored e by exp(m_r - M) / S, in double). Two cluster barriers a row before
+// (2026-12-04, H200: bf16 64K 80%, two CTAs); one swap: 89% the same day.
 template <typename T, int K, int G, int C>
 struct LongShape {
   static constexpr int V = kVec<T>;
@@ -861,9 +872,8 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
   const int rank = C > 1 ? static_cast<int>(blockIdx.x % C) : 0;
   const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   const int64_t stride = gridDim.x / C;
-  // fp16/bf16 clusters reduce each row through one Exchange: each CTA's max and sum first, then
-  // the row's; fp32 clusters through row_reduce's barriers.
-  constexpr bool kExchange = C > 1 && !kWide<T>;
+  // Clusters reduce each row through one Exchange: each CTA's max and sum first, then the row's.
+  constexpr bool kExchange = C > 1;
   constexpr int kReduceCtas = kExchange ? 1 : C;
   __shared__ Exchange<kExchange ? C : 1> xchg;
   if constexpr (kExchange) {
@@ -997,8 +1007,29 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         xs[k * G + t] = *reinterpret_cast<const R*>(v);  // e in place of x
       }
       const Acc<T> sum = row_reduce<G, kReduceCtas>(part, SumOp{}, sum_slots);
-      cluster_arrive<C>();
-      const TimesInv<Acc<T>> times_inv(sum == Acc<T>(0) ? Acc<T>(0) : Acc<T>(1) / sum);
+      Acc<T> inv = sum == Acc<T>(0) ? Acc<T>(0) : Acc<T>(1) / sum;  // fully masked row -> 0
+      if constexpr (kExchange) {
+        // This CTA's e are exp(x * scale - m_r): y = e * exp(m_r - M) / S, with the row's max M
+        // and sum S = sum over ranks of s_r * exp(m_r - M) (double, in rank order).
+        if (n == 0) cluster_wait<C>();
+        const double2* pairs = xchg.swap(n, rank, mx, sum);
+        double row_mx = -INFINITY;
+#pragma unroll
+        for (int r = 0; r < C; ++r) row_mx = fmax(row_mx, pairs[r].x);
+        double total = 0.0;
+        double own = 0.0;
+#pragma unroll 1
+        for (int r = 0; r < C; ++r) {  // one exp at a time: unrolled, they spilled
+          const double f = pairs[r].y != 0.0 ? exp(pairs[r].x - row_mx) : 0.0;
+          total += pairs[r].y * f;
+          if (r == rank) own = f;
+        }
+        inv = total == 0.0 ? 0.0 : own / total;
+        if (row + stride >= a.rows) cluster_arrive<C>();  // its last row: the exit barrier
+      } else {
+        cluster_arrive<C>();
+      }
+      const TimesInv<Acc<T>> times_inv(inv);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (col(k) >= a.sk) continue;
@@ -1008,7 +1039,7 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         for (int i = 0; i < V; ++i) e[i] = times_inv(e[i]);
         Chunk<T, V>::store(y + col(k), e);
       }
-      cluster_wait<C>();  // no CTA exits, or reuses its slots, while a peer may still read them
+      if constexpr (!kExchange) cluster_wait<C>();  // no CTA reuses its slots while peers read
     }
   }
   if constexpr (kExchange) {
