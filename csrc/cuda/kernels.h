@@ -6,20 +6,11 @@
 
 #include <cstdint>
 
+#include "divisor.h"
+
 namespace te_fast_kernels {
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-
-// n / d by a multiply and a shift (Granlund and Montgomery; the form of PyTorch's IntDivider):
-// floor(n / d) = (mulhi(n, magic) + n) >> shift, in 32 bits for n, d < 2^31 and in 64 bits
-// (magic64) for n, d < 2^63. A division by a run-time value takes ~20 instructions, several of
-// them on the conversion and MUFU pipes that a forward row's exponentials need, and a 64-bit one
-// is a subroutine call, whose saved registers spill.
-struct Divisor {
-  uint32_t magic = 0;
-  uint32_t shift = 0;
-  uint64_t magic64 = 0;
-};
 
 struct SoftmaxFwdArgs {
   const void* x;

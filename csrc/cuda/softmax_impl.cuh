@@ -69,7 +69,6 @@ constexpr int kSubWarpCtaThreads = 128;  // CTA size when several rows share a w
 constexpr int kBlockThreads = 512;       // the two-pass kernel's CTA size
 constexpr int64_t kMaxCtas = 1 << 24;    // grid-stride loops cover any row count beyond this
 constexpr double kLog2e = 1.4426950408889634;
-constexpr int64_t kMaxFastRows = 0x7fffffff;  // row counts whose rows divide in 32 bits (Divisor)
 
 template <typename T>
 constexpr bool kWide = std::is_same<T, float>::value;
@@ -310,13 +309,6 @@ struct RowPos {
   const bool* m;  // nullptr unless kExplicitMask
 };
 
-__device__ __forceinline__ uint32_t divide(uint32_t n, const Divisor& d) {
-  return (__umulhi(n, d.magic) + n) >> d.shift;
-}
-__device__ __forceinline__ uint64_t divide(uint64_t n, const Divisor& d) {
-  return (__umul64hi(n, d.magic64) + n) >> d.shift;
-}
-
 // masked (kMask kernels: the host launches them for kExplicitMask alone; the two-pass kernel
 // passes the mode's test): i and the row of the explicit mask; otherwise i alone, for the causal
 // modes.
@@ -324,7 +316,7 @@ __device__ __forceinline__ RowPos row_pos(const SoftmaxFwdArgs& a, int64_t row, 
   if (!masked && a.mode == te_fast_rules::kNoMask) return {0, nullptr};
   int64_t i;
   int64_t batch = 0;
-  if (a.rows <= kMaxFastRows) {
+  if (a.rows <= kMaxDivisor32) {
     const uint32_t r = static_cast<uint32_t>(row);
     i = r - divide(r, a.by_sq) * static_cast<uint32_t>(a.sq);
     if (masked) batch = divide(r, a.by_head_rows);
@@ -1559,22 +1551,6 @@ cudaError_t softmax_fwd_masked(const SoftmaxFwdArgs& a, cudaStream_t stream) {
   }
   if (launch_registers<FwdKernel, T, 1, kWide<T> ? 8 : 16, kMask>(a, stream, err)) return err;
   return launch_block(softmax_fwd_block<T, 1>, a, stream);
-}
-
-// The Divisor of d (1 <= d < 2^63): shift = ceil(log2 d), magic = 2^N (2^shift - d) / d + 1 for
-// N = 32 (d < 2^31) and 64.
-inline Divisor make_divisor(int64_t d) {
-  uint32_t shift = 0;
-  while ((int64_t{1} << shift) < d) ++shift;
-  using U128 = unsigned __int128;
-  const U128 excess = (U128{1} << shift) - static_cast<U128>(d);
-  Divisor out;
-  out.shift = shift;
-  out.magic64 = static_cast<uint64_t>((excess << 64) / static_cast<U128>(d) + 1);
-  if (d <= kMaxFastRows) {
-    out.magic = static_cast<uint32_t>((excess << 32) / static_cast<U128>(d) + 1);
-  }
-  return out;
 }
 
 template <typename T>
