@@ -302,8 +302,8 @@ struct Shape {
 };
 
 // Where a row sits: its query index i and its mask row (masked modes only, so the plain softmax
-// does no division). Rows below 2^31 divide by a multiply and a shift (Divisor, set by
-// softmax_fwd_typed), which is almost always.
+// does no division), by a multiply and a shift (Divisor, set by softmax_fwd_typed): in 32 bits
+// below 2^31 rows, which is almost always, in 64 beyond.
 struct RowPos {
   int64_t i;
   const bool* m;  // nullptr unless kExplicitMask
@@ -865,10 +865,8 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
   const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   const int64_t stride = gridDim.x / C;
   // Clusters reduce each row through one Exchange: each CTA's max and sum first, then the row's.
-  constexpr bool kExchange = C > 1;
-  constexpr int kReduceCtas = kExchange ? 1 : C;
-  __shared__ Exchange<kExchange ? C : 1> xchg;
-  if constexpr (kExchange) {
+  __shared__ Exchange<C> xchg;
+  if constexpr (C > 1) {
     xchg.init();
     cluster_arrive<C>();  // waited for before the first send: the peers' mbarriers are ready
   }
@@ -910,7 +908,7 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
           if (col(k) < limit) xs[k * G + t] = *reinterpret_cast<const R*>(w);  // masked: -inf
         }
       }
-      const float mx = row_reduce<G, kReduceCtas>(fmaxf(P::lo(m2), P::hi(m2)), MaxOp{}, max_slots);
+      const float mx = row_reduce<G, 1>(fmaxf(P::lo(m2), P::hi(m2)), MaxOp{}, max_slots);
       float shift = mx == -INFINITY ? 0.f : mx * c;  // as in forward_row_packed
       auto exps = [&](int k, float* e) {
         uint32_t w[kW];
@@ -931,8 +929,8 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
 #pragma unroll
         for (int i = 0; i < V; ++i) part += e[i];
       }
-      float sum = row_reduce<G, kReduceCtas>(part, SumOp{}, sum_slots);
-      if constexpr (kExchange) {
+      float sum = row_reduce<G, 1>(part, SumOp{}, sum_slots);
+      if constexpr (C > 1) {
         if (n == 0) cluster_wait<C>();
         const double2* pairs = xchg.swap(n, rank, mx, sum);
         // The row's max M and sum: each CTA's sum of 2^(x c - m_r c) times 2^(m_r c - M c), in
@@ -951,8 +949,6 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         shift = row_shift;
         sum = total;
         if (row + stride >= a.rows) cluster_arrive<C>();  // its last row: the exit barrier
-      } else {
-        cluster_arrive<C>();  // this CTA has read its peers' slots of this row
       }
       const TimesInv<float> times_inv(sum == 0.f ? 0.f : 1.f / sum);  // fully masked row -> 0
 #pragma unroll
@@ -964,7 +960,6 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         for (int i = 0; i < V; ++i) e[i] = times_inv(e[i]);
         Chunk<T, V>::store(y + col(k), e);
       }
-      if constexpr (!kExchange) cluster_wait<C>();  // no CTA reuses its slots while peers read
     } else {
       // fp32: forward_row_general's arithmetic (max of fl(x * c) over kept columns, the
       // accurate expf of the double argument, double sums, TimesInv<double>).
@@ -983,7 +978,7 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
           if (bits >> e & 1u) mx = fmaxf(mx, v[e] * c);
         }
       }
-      mx = row_reduce<G, kReduceCtas>(mx, MaxOp{}, max_slots);
+      mx = row_reduce<G, 1>(mx, MaxOp{}, max_slots);
       const float shift = mx == -INFINITY ? 0.f : mx;
       Acc<T> part = 0;
 #pragma unroll
@@ -998,9 +993,9 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         }
         xs[k * G + t] = *reinterpret_cast<const R*>(v);  // e in place of x
       }
-      const Acc<T> sum = row_reduce<G, kReduceCtas>(part, SumOp{}, sum_slots);
+      const Acc<T> sum = row_reduce<G, 1>(part, SumOp{}, sum_slots);
       Acc<T> inv = sum == Acc<T>(0) ? Acc<T>(0) : Acc<T>(1) / sum;  // fully masked row -> 0
-      if constexpr (kExchange) {
+      if constexpr (C > 1) {
         // This CTA's e are exp(x * scale - m_r): y = e * exp(m_r - M) / S, with the row's max M
         // and sum S = sum over ranks of s_r * exp(m_r - M) (double, in rank order).
         if (n == 0) cluster_wait<C>();
@@ -1018,8 +1013,6 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         }
         inv = total == 0.0 ? 0.0 : own / total;
         if (row + stride >= a.rows) cluster_arrive<C>();  // its last row: the exit barrier
-      } else {
-        cluster_arrive<C>();
       }
       const TimesInv<Acc<T>> times_inv(inv);
 #pragma unroll
@@ -1031,10 +1024,9 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         for (int i = 0; i < V; ++i) e[i] = times_inv(e[i]);
         Chunk<T, V>::store(y + col(k), e);
       }
-      if constexpr (!kExchange) cluster_wait<C>();  // no CTA reuses its slots while peers read
     }
   }
-  if constexpr (kExchange) {
+  if constexpr (C > 1) {
     if (n == 0) {  // no row: the start barrier, then this CTA's arrival at the exit barrier
       cluster_wait<C>();
       cluster_arrive<C>();
