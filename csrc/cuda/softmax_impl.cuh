@@ -209,7 +209,8 @@ __device__ __forceinline__ void cluster_exit() {
 // that a fast CTA cannot overwrite a slot that a slow one has yet to read: a CTA sends its pair of
 // row n + 2 only after it has received every pair of row n + 1, which each CTA sends after it has
 // read its pairs of row n. The peers' mbarriers must be initialised before the first send: init()
-// then a cluster barrier (arrive at the kernel's start, wait before the first send).
+// then a cluster barrier (the caller arrives at the kernel's start, swap waits before the first
+// send).
 template <int C>
 struct Exchange {
   uint64_t bar[2];
@@ -230,6 +231,7 @@ struct Exchange {
   // The n-th row of this CTA: sends (m, s) from rank `rank` and returns the C pairs in rank order.
   __device__ __forceinline__ const double2* swap(int64_t n, int rank, double m, double s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (n == 0) cluster_wait<C>();  // the start barrier: every peer's mbarriers are initialised
     const int p = static_cast<int>(n & 1);
     const uint32_t parity = static_cast<uint32_t>(n >> 1) & 1u;
     const uint32_t my_bar = smem_addr(&bar[p]);
@@ -931,7 +933,6 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
       }
       float sum = row_reduce<G, 1>(part, SumOp{}, sum_slots);
       if constexpr (C > 1) {
-        if (n == 0) cluster_wait<C>();
         const double2* pairs = xchg.swap(n, rank, mx, sum);
         // The row's max M and sum: each CTA's sum of 2^(x c - m_r c) times 2^(m_r c - M c), in
         // rank order (every CTA computes the same bits). A block with no kept column sends sum 0.
@@ -998,7 +999,6 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
       if constexpr (C > 1) {
         // This CTA's e are exp(x * scale - m_r): y = e * exp(m_r - M) / S, with the row's max M
         // and sum S = sum over ranks of s_r * exp(m_r - M) (double, in rank order).
-        if (n == 0) cluster_wait<C>();
         const double2* pairs = xchg.swap(n, rank, mx, sum);
         double row_mx = -INFINITY;
 #pragma unroll
@@ -1459,8 +1459,9 @@ cudaError_t launch_block(Kernel kernel, const Args& a, cudaStream_t stream) {
 // threads per SM). Measured on an H200 (python -m benchmarks, 2026-12-04): plain rows 93/91/91% of
 // the copy ceiling at 32/128/512 columns, masked 74-77% (81-87% with Divisor, the same day: the
 // divisions had shared the conversion and MUFU pipes with expf); from 1K columns on the long
-// kernel is faster (see launch_long). ncu at 4K on this kernel: 71% of warps active, 56 instructions per
-// element, 51% of the DRAM peak: the long kernel, with the same arithmetic, reached 95% there, so
+// kernel is faster (see launch_long). ncu at 4K on this kernel: 71% of warps active, 56
+// instructions per element, 51% of the DRAM peak: the long kernel, with the same arithmetic,
+// reached 95% there, so
 // what held this one back was the bytes a thread keeps in flight, not its instruction stream.
 // Tries the direct kernel at kSmThreads with K chunks a thread on G threads a row, for each G in
 // turn (smallest first).
