@@ -273,6 +273,16 @@ struct Exchange {
     return nullptr;
 #endif
   }
+  // The sum over the cluster of one value per CTA (the n-th row of this CTA), added in rank
+  // order: the bits of row_reduce's cluster step, without its cluster-wide barrier.
+  template <typename A>
+  __device__ __forceinline__ A sum(int64_t n, int rank, A v) {
+    const double2* pairs = swap(n, rank, static_cast<double>(v), 0.0);
+    A total = static_cast<A>(pairs[0].x);
+#pragma unroll
+    for (int r = 1; r < C; ++r) total += static_cast<A>(pairs[r].x);
+    return total;
+  }
 
  private:
   __device__ __forceinline__ static uint32_t smem_addr(const void* p) {
@@ -347,6 +357,13 @@ __device__ __forceinline__ float exp_of(float x, float c, float shift, double sc
   } else {
     return exp2f(fmaf(x, c, -shift));
   }
+}
+
+// e where bit `bit` of `on` is set (a kept column), else +0, without a branch: the caller computes
+// e for every column (a masked column's value, whatever it is, is dropped here). A branch around
+// each exponential cost its reconvergence instructions per element (nvcc 13.0, sm_90).
+__device__ __forceinline__ float keep_if(float e, uint32_t on, int bit) {
+  return __uint_as_float(__float_as_uint(e) & (0u - (on >> bit & 1u)));
 }
 
 // ---------------------------------------------------------------- register-resident kernels
@@ -619,7 +636,7 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
     } else {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        if (bits >> e & 1u) mx = fmaxf(mx, w[e] * c);
+        mx = fmaxf(mx, bits >> e & 1u ? w[e] * c : -INFINITY);
       }
     }
   }
@@ -635,9 +652,20 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
     }
   } else {
 #pragma unroll
-    for (int e = 0; e < kE; ++e) {
-      v[e] = on >> e & 1u ? exp_of<T>(v[e], c, shift, a.scale) : 0.f;
-      part += v[e];
+    for (int k = 0; k < K; ++k) {
+      float* w = v + k * V;
+      // A chunk never loaded (past the causal limit) has e = 0. (Not tested per one-element
+      // chunk: that branch made the 16-bit one-element kernels spill 16-48 bytes.)
+      if (V > 1 && S::col(k) >= limit) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) w[e] = 0.f;
+        continue;
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        w[e] = keep_if(exp_of<T>(w[e], c, shift, a.scale), on, k * V + e);
+        part += w[e];
+      }
     }
   }
   const A sum = row_reduce<G, C>(part, SumOp{}, sum_slots);
@@ -698,6 +726,22 @@ struct FwdRow {
   }
 };
 
+// CTAs per SM the backward's register budget is sized for: a thread holds two rows of dy and y
+// chunks (4 * K * V floats); up to 32 bytes of each per row it keeps the shape's 1024 threads per
+// SM (64 registers), the longer fp32 shape (4 chunks of 4) takes one 512-thread CTA and 128.
+template <typename T, int V, int K, int G, int C>
+constexpr int kBwdMinCtasPerSm =
+    K * V * static_cast<int>(sizeof(T)) > 32 ? 1 : Shape<V, K, G, C>::kMinCtasPerSm;
+
+// Whether a cluster shape adds its CTAs' sums through an Exchange (one per row) rather than
+// row_reduce's cluster-wide barrier: clusters of 8, but not the fp32 shapes under the 64-register
+// budget, where the exchange's registers spilled 32-52 bytes a thread (nvcc 13.0, sm_90). H200,
+// 2026-12-04, python -m benchmarks, % of the copy ceiling, barrier -> exchange: fp32 64K (8 CTAs
+// of 4 chunks a thread) 85 -> 99, bf16 64K (8 CTAs) 93 -> 96; but bf16 16K and 32K (2 and 4
+// CTAs) 98 -> 94 and 97 -> 95, where a cluster barrier is cheap.
+template <typename T, int V, int K, int G, int C>
+constexpr bool kBwdExchange = C >= 8 && !(kWide<T> && kBwdMinCtasPerSm<T, V, K, G, C> > 1);
+
 // One thread's share of one backward row.
 template <typename T, int V, int K, int G, int C>
 struct BwdRow {
@@ -723,8 +767,10 @@ struct BwdRow {
     }
   }
 
+  // n: the rows this CTA has done before this one (the exchange's turn).
   template <typename SumSlots>
-  __device__ __forceinline__ void process(const SoftmaxBwdArgs& a, SumSlots& sum_slots) const {
+  __device__ __forceinline__ void process(const SoftmaxBwdArgs& a, SumSlots& sum_slots,
+                                          Exchange<C>& xchg, int64_t n) const {
     Acc<T> part = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -735,7 +781,13 @@ struct BwdRow {
 #pragma unroll
       for (int e = 0; e < V; ++e) part += te_fast_rules::bwd_product<kWide<T>>(gf[e], pf[e]);
     }
-    const Acc<T> dot = row_reduce<G, C>(part, SumOp{}, sum_slots);
+    Acc<T> dot;
+    if constexpr (kBwdExchange<T, V, K, G, C>) {
+      const Acc<T> own = row_reduce<G, 1>(part, SumOp{}, sum_slots);
+      dot = xchg.sum(n, static_cast<int>(blockIdx.x % C), own);
+    } else {
+      dot = row_reduce<G, C>(part, SumOp{}, sum_slots);
+    }
     if (row >= a.rows) return;
     T* dx = static_cast<T*>(a.dx) + row * a.sk;
 #pragma unroll
@@ -976,7 +1028,7 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         Chunk<T, V>{xs[k * G + t]}.unpack(v);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          if (bits >> e & 1u) mx = fmaxf(mx, v[e] * c);
+          mx = fmaxf(mx, bits >> e & 1u ? v[e] * c : -INFINITY);  // a select, not a branch
         }
       }
       mx = row_reduce<G, 1>(mx, MaxOp{}, max_slots);
@@ -989,7 +1041,7 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         Chunk<T, V>{xs[k * G + t]}.unpack(v);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          v[e] = on >> (k * V + e) & 1u ? exp_of<T>(v[e], c, shift, a.scale) : 0.f;
+          v[e] = keep_if(exp_of<T>(v[e], c, shift, a.scale), on, k * V + e);
           part += v[e];
         }
         xs[k * G + t] = *reinterpret_cast<const R*>(v);  // e in place of x
@@ -1035,27 +1087,31 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
   }
 }
 
-// CTAs per SM the backward's register budget is sized for: a thread holds two rows of dy and y
-// chunks (4 * K * V floats); up to 32 bytes of each per row it keeps the shape's 1024 threads per
-// SM (64 registers), the longer fp32 shape (4 chunks of 4) takes one 512-thread CTA and 128.
-template <typename T, int V, int K, int G, int C>
-constexpr int kBwdMinCtasPerSm =
-    K * V * static_cast<int>(sizeof(T)) > 32 ? 1 : Shape<V, K, G, C>::kMinCtasPerSm;
-
-// One reduction per row: successive rows take turns between two Slots, so that no thread (or
-// CTA of the cluster) writes a slot that another one still reads for the previous row.
+// One reduction per row: successive rows take turns between two Slots, so that no thread writes
+// a slot that another one still reads for the previous row. Clusters of 8 add the CTAs' sums
+// through one Exchange per row (as softmax_fwd_long does; kBwdExchange), the others through
+// row_reduce's cluster-wide barrier.
 template <typename T, int V, int K, int G, int C, bool kUnused>
 __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, kBwdMinCtasPerSm<T, V, K, G, C>)
     softmax_bwd_rows(SoftmaxBwdArgs a) {
   using S = Shape<V, K, G, C>;
   __shared__ Slots<Acc<T>, S::kWarps> sum_slots[2];
-  int turn = 0;
+  __shared__ Exchange<C> xchg;
+  constexpr bool kExchange = kBwdExchange<T, V, K, G, C>;
+  if constexpr (kExchange) {
+    xchg.init();
+    cluster_arrive<C>();  // waited for before the first send: the peers' mbarriers are ready
+  }
+  int64_t n = 0;  // rows done by this CTA
   pipelined_rows<S::kRowsPerCta, C, G, BwdRow<T, V, K, G, C>>(
       a, [&](const BwdRow<T, V, K, G, C>& r) {
-        r.process(a, sum_slots[turn]);
-        turn ^= 1;
+        r.process(a, sum_slots[n & 1], xchg, n);
+        ++n;
       });
-  cluster_exit<C>();
+  if constexpr (kExchange) {
+    if (n == 0) cluster_wait<C>();  // no row: the start barrier
+  }
+  cluster_exit<C>();  // no CTA exits while a peer may still send to it
 }
 
 // ---------------------------------------------------------------- two-pass kernels (any length)
