@@ -1,0 +1,67 @@
+"""tools/softmax_bits.py: the bitwise A/B of two te_fast builds. On the CPU (the quick matrix):
+two runs of one build are bitwise equal, and a one-bit change in any output, a changed shape or
+a missing output is reported."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+te_fast = pytest.importorskip("te_fast")
+if te_fast.UNAVAILABLE_REASON is not None:
+    pytest.skip(f"te_fast unavailable: {te_fast.UNAVAILABLE_REASON}", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import softmax_bits  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bits") / "a.pt"
+    assert softmax_bits.main(["save", str(path), "--device", "cpu", "--quick"]) == 0
+    return path
+
+
+def test_same_build_is_bitwise_equal(saved, tmp_path, capsys):
+    again = tmp_path / "b.pt"
+    assert softmax_bits.main(["save", str(again), "--device", "cpu", "--quick"]) == 0
+    assert softmax_bits.main(["compare", str(saved), str(again)]) == 0
+    assert "0 differ" in capsys.readouterr().out
+
+
+def test_matrix_covers_every_op_and_dtype(saved):
+    names = set(torch.load(saved))
+    for op in ("scaled_softmax", "scaled_masked_softmax", "scaled_upper_triang_masked_softmax",
+               "scaled_aligned_causal_masked_softmax"):  # fmt: skip
+        for dtype in ("fp16", "bf16", "fp32"):
+            for suffix in ("", "_bwd"):
+                assert any(n.startswith(f"{op}{suffix}-{dtype}-") for n in names), (op, dtype)
+    assert any(n.endswith("-odd") for n in names)
+
+
+def test_one_flipped_bit_is_found(saved, tmp_path, capsys):
+    out = torch.load(saved)
+    name = "scaled_masked_softmax_bwd-fp32-sk100-scale0.125"
+    flipped = out[name].clone()
+    flipped.view(-1).view(torch.int32)[7] ^= 1  # one ulp of one element
+    out[name] = flipped
+    other = tmp_path / "flipped.pt"
+    torch.save(out, other)
+    assert softmax_bits.main(["compare", str(saved), str(other)]) == 1
+    text = capsys.readouterr().out
+    assert "1 differ" in text and name in text
+
+
+def test_missing_or_reshaped_outputs_are_found(saved, tmp_path, capsys):
+    out = torch.load(saved)
+    name = sorted(out)[0]
+    reshaped = dict(out, **{name: out[name].reshape(-1)})
+    torch.save(reshaped, tmp_path / "reshaped.pt")
+    assert softmax_bits.main(["compare", str(saved), str(tmp_path / "reshaped.pt")]) == 1
+    del out[name]
+    torch.save(out, tmp_path / "missing.pt")
+    assert softmax_bits.main(["compare", str(saved), str(tmp_path / "missing.pt")]) == 2
+    assert "different outputs" in capsys.readouterr().out
