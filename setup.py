@@ -38,7 +38,7 @@ def _default_arch_list() -> None:
 
 def get_extensions():
     """One extension, te_fast._C; the CUDA sources join when a CUDA build is possible."""
-    sources = [os.path.join("csrc", "te_fast.cpp")]
+    sources = [os.path.join("csrc", "te_fast.cpp"), os.path.join("csrc", "eager.cpp")]
     # No -std here: BuildExtension picks the standard the installed torch was built with
     # (C++17 for torch 2.11, C++20 for 2.13); overriding it breaks exceptions thrown by
     # TORCH_CHECK on some toolchains. TE_FAST_CXXFLAGS adds flags for experiments.

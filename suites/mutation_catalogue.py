@@ -213,13 +213,6 @@ _PY = [
     ),
     # ---------------------------------------------------------------- te_fast/_eager.py
     Defect(
-        "eager_backward_unscaled", "cpu", "te_fast/_eager.py",
-        "            with _below_autograd():\n                dx = ctx.bwd(dy, y, ctx.scale)",
-        "            with _below_autograd():\n                dx = ctx.bwd(dy, y, 1.0)",
-        "the eager softmax backward drops the softmax scale",
-        (ATTENTION,), k="core",
-    ),
-    Defect(
         "core_backward_unscaled", "cpu", "te_fast/_eager.py",
         "        ds = softmax_bwd(dp, p, scale)",
         "        ds = softmax_bwd(dp, p, 1.0)",
@@ -305,6 +298,14 @@ _CPP = [
         "    limit = i + 1 + sq - sk;",
         "bottom-right causal shifts the diagonal by sq - sk instead of sk - sq",
         (OPS,), k="aligned_causal",
+    ),
+    # ---------------------------------------------------------------- csrc/eager.cpp (shared)
+    Defect(
+        "eager_backward_unscaled", "cpu", "csrc/eager.cpp",
+        "      at::AutoDispatchBelowAutograd below;\n      dx = call_bwd(*pair, dy, y, scale);",
+        "      at::AutoDispatchBelowAutograd below;\n      dx = call_bwd(*pair, dy, y, 1.0);",
+        "the eager softmax backward (the C++ autograd node) drops the softmax scale",
+        (ATTENTION,), k="core",
     ),
     # ---------------------------------------------------------------- csrc/te_fast.cpp (CPU)
     Defect(

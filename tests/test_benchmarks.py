@@ -100,11 +100,21 @@ def test_wrong_op_is_marked_wrong(tmp_path, monkeypatch, capsys, op, broken, bad
 
 def test_wrong_module_is_marked_wrong(tmp_path, monkeypatch):
     """The module's causal path goes through the upper-triangular op: break it where the module
-    takes it from (te_fast/_eager.py's table of forward and backward ops)."""
+    takes it from (te_fast/_eager.py: its table of forward and backward ops, and the C++ autograd
+    node that calls the forward by name when a gradient is wanted)."""
     from te_fast import _eager
 
     name = "scaled_upper_triang_masked_softmax_fwd"
     monkeypatch.setitem(_eager._PAIRS, name, (_not_causal, _eager._PAIRS[name][1]))
+    eager_softmax = _eager._EAGER_SOFTMAX
+
+    def broken_eager(fwd, x, mask, scale, rows):
+        y = eager_softmax(fwd, x, mask, scale, rows)
+        if fwd != name:
+            return y
+        return y + (_not_causal(x.detach(), scale) - y.detach())  # not causal, y's autograd
+
+    monkeypatch.setattr(_eager, "_EAGER_SOFTMAX", broken_eager)
     code, result = _run(tmp_path, "--only", "small")
     assert code == 1
     status = {r["impl"]: r["status"] for r in result["rows"]}
