@@ -1,6 +1,7 @@
 """Host (CPU-side) overhead of UnfusedDotProductAttention forward+backward, te_fast vs composite.
 
     python -m benchmarks.host_overhead [--layers 8] [--rounds 40] [--dtype bf16 fp32]
+    python -m benchmarks.host_overhead --device cuda --shape small --dtype bf16   (on a GPU)
 
 Runs the benchmark's Layer stack (benchmarks/module_bench.py: a Linear producing bs3hd q/k/v, then
 causal attention) on the CPU at a tiny shape (b1 h2 s16 d8), where the kernels cost next to
@@ -14,6 +15,14 @@ is the median over rounds of that time per layer forward+backward, in microsecon
 --instructions counts instead (valgrind's callgrind through torch.utils.benchmark): instructions
 per layer forward+backward, deterministic to a fraction of a percent, so a before/after
 comparison holds on a loaded machine where wall and CPU time do not. Takes minutes.
+
+--device cuda --shape small is the GPU form of the benchmark's small-shape and stack targets
+(te_fast eager at most the eager composite), decided by pairs: each round times te_fast and the
+composite back to back (wall clock of `block` steps and one synchronize each), and the paired
+ratio te_fast / composite of a round is reported as its median and quartiles over the rounds.
+`python -m benchmarks` times each implementation in its own stretch, where the host-bound rows
+swing by 20-50% from run to run on the H200 machine; a paired ratio's quartiles say whether a
+difference is more than that.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from benchmarks.cases import AttnShape
 from benchmarks.module_bench import make_stack
 
 SHAPE = AttnShape(b=1, h=2, s=16, d=8)
+SMALL = AttnShape(b=2, h=16, s=128, d=64)  # the benchmark's small shape (cases.Plan.small_shape)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -39,28 +49,51 @@ def _step(stack, x, do):
     return step
 
 
-def measure(dtype: torch.dtype, layers: int, rounds: int, block: int) -> dict[str, float]:
-    """{"te_fast": us, "composite": us}: median host time per layer forward+backward."""
+def measure(
+    dtype: torch.dtype,
+    layers: int,
+    rounds: int,
+    block: int,
+    device: str = "cpu",
+    shape: AttnShape = SHAPE,
+) -> dict[str, float]:
+    """{"te_fast": us, "composite": us, "ratio": r, "ratio_q1": .., "ratio_q3": ..}: median time
+    per layer forward+backward of each, and the median (and quartiles) over rounds of the
+    paired ratio te_fast / composite of one round. On the CPU the time is the calling thread's
+    CPU time; on a GPU the wall clock of `block` back-to-back steps ending in one synchronize
+    (what a host-bound training loop sees), eager mode."""
     torch.manual_seed(0)
-    x = torch.randn(SHAPE.b, SHAPE.s, SHAPE.h * SHAPE.d, dtype=dtype).requires_grad_()
+    dev = torch.device(device)
+    x = torch.randn(shape.b, shape.s, shape.h * shape.d, dtype=dtype, device=dev)
+    x.requires_grad_()
     do = torch.randn_like(x)
     steps = {
-        name: _step(make_stack(SHAPE, layers, use_te, dtype, torch.device("cpu")), x, do)
+        name: _step(make_stack(shape, layers, use_te, dtype, dev), x, do)
         for name, use_te in (("te_fast", True), ("composite", False))
     }
-    for step in steps.values():
+    cuda = dev.type == "cuda"
+    clock = time.perf_counter if cuda else time.thread_time
+
+    def timed(step) -> float:
+        t0 = clock()
         for _ in range(block):
             step()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        return (clock() - t0) * 1e6 / block / layers
+
+    for step in steps.values():
+        timed(step)
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(rounds):
         order = list(steps) if r % 2 == 0 else list(reversed(steps))
         for name in order:
-            step = steps[name]
-            t0 = time.thread_time()
-            for _ in range(block):
-                step()
-            samples[name].append((time.thread_time() - t0) * 1e6 / block / layers)
-    return {name: statistics.median(s) for name, s in samples.items()}
+            samples[name].append(timed(steps[name]))
+    ratios = sorted(t / c for t, c in zip(samples["te_fast"], samples["composite"]))
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios * 3)
+    out = {name: statistics.median(s) for name, s in samples.items()}
+    out.update(ratio=statistics.median(ratios), ratio_q1=q1, ratio_q3=q3)
+    return out
 
 
 _SETUP = """
@@ -103,6 +136,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (thread CPU time), or cuda: wall clock per block of steps and one synchronize",
+    )
+    p.add_argument(
+        "--shape",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="tiny: b1 h2 s16 d8 (host cost only); small: the benchmark's b2 h16 s128 d64",
+    )
+    p.add_argument(
         "--instructions", action="store_true", help="count instructions (callgrind) instead"
     )
     p.add_argument("--number", type=int, default=20, help="iterations counted (--instructions)")
@@ -119,14 +163,23 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     torch.set_num_threads(a.threads)
-    head = f"{a.layers}x Linear+attn {SHAPE}, CPU, torch {torch.__version__}"
-    print(f"host time per layer forward+backward (median of {a.rounds} rounds), {head}")
+    shape = SHAPE if a.shape == "tiny" else SMALL
+    if a.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            print("host_overhead: --device cuda needs a CUDA device")
+            return 2
+        where, what = torch.cuda.get_device_name(a.device), "wall time"
+    else:
+        where, what = "CPU", "host time"
+    head = f"{a.layers}x Linear+attn {shape}, {where}, torch {torch.__version__}"
+    print(f"{what} per layer forward+backward (median of {a.rounds} rounds), {head}")
     for name in a.dtype:
-        res = measure(DTYPES[name], a.layers, a.rounds, a.block)
+        res = measure(DTYPES[name], a.layers, a.rounds, a.block, a.device, shape)
         te, comp = res["te_fast"], res["composite"]
         print(
             f"  {name}: te_fast {te:7.1f} us  composite {comp:7.1f} us  "
-            f"te_fast - composite {te - comp:+7.1f} us  ratio {te / comp:.2f}",
+            f"te_fast - composite {te - comp:+7.1f} us  paired ratio {res['ratio']:.3f} "
+            f"(quartiles {res['ratio_q1']:.3f}-{res['ratio_q3']:.3f})",
             flush=True,
         )
     return 0

@@ -102,4 +102,7 @@ def test_host_overhead_tool_runs(capsys):
         == 0
     )
     out = capsys.readouterr().out
-    assert "te_fast" in out and "composite" in out
+    assert "te_fast" in out and "composite" in out and "paired ratio" in out
+    if not torch.cuda.is_available():  # the GPU form says so, and exits 2, on a CPU machine
+        assert host_overhead.main(["--device", "cuda", "--rounds", "2"]) == 2
+        assert "needs a CUDA device" in capsys.readouterr().out
