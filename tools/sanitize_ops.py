@@ -84,6 +84,14 @@ def softmax_cases(dev: torch.device, reduced: bool, count: Counter) -> None:
                 y = ops.scaled_aligned_causal_masked_softmax(x, 0.5)
                 ops.scaled_aligned_causal_masked_softmax_bwd(dy, y, 0.5)
                 count(7)
+            if sk == 33000:
+                # More rows than one wave of 8-CTA clusters holds (fp32 and 16-bit alike take
+                # clusters of 8 here): the backward's clusters walk several rows each, through
+                # both row-parity slot sets of their exchange.
+                x = torch.randn(1, 1, 64, sk, device=dev, dtype=dtype)
+                y = ops.scaled_softmax(x, 0.5)
+                ops.scaled_softmax_bwd(torch.randn_like(x), y, 0.5)
+                count(2)
             # contiguous views one element into their buffers: the one-element-access path (x
             # misaligned; or x aligned and the mask misaligned)
             rows = 2 if long_row else 6
