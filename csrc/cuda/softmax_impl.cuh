@@ -208,15 +208,16 @@ __device__ __forceinline__ void cluster_exit() {
 // of the row have landed. Rows alternate between two mbarriers and two sets of slots (parity), so
 // that a fast CTA cannot overwrite a slot that a slow one has yet to read: a CTA sends its pair of
 // row n + 2 only after it has received every pair of row n + 1, which each CTA sends after it has
-// read its pairs of row n. The peers' mbarriers must be initialised before the first send: init()
-// then a cluster barrier (the caller arrives at the kernel's start, swap waits before the first
-// send).
+// read its pairs of row n. The peers' mbarriers must be initialised before the first send: open()
+// initialises them and arrives at a cluster barrier, whose wait swap takes before the first send
+// (a CTA with no row takes it at its end).
 template <int C>
 struct Exchange {
   uint64_t bar[2];
   double2 slot[2][C];  // (max, sum) from each rank
 
-  __device__ __forceinline__ void init() {
+  // At the kernel's start, in every thread.
+  __device__ __forceinline__ void open() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -227,6 +228,7 @@ struct Exchange {
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
 #endif
+    cluster_arrive<C>();  // waited for before the first send: the peers' mbarriers are ready
   }
   // The n-th row of this CTA: sends (m, s) from rank `rank` and returns the C pairs in rank order.
   __device__ __forceinline__ const double2* swap(int64_t n, int rank, double m, double s) {
@@ -920,10 +922,7 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
   const int64_t stride = gridDim.x / C;
   // Clusters reduce each row through one Exchange: each CTA's max and sum first, then the row's.
   __shared__ Exchange<C> xchg;
-  if constexpr (C > 1) {
-    xchg.init();
-    cluster_arrive<C>();  // waited for before the first send: the peers' mbarriers are ready
-  }
+  if constexpr (C > 1) xchg.open();
   int64_t n = 0;  // rows done by this CTA
   for (int64_t row = blockIdx.x / C; row < a.rows; row += stride, ++n) {
     const RowPos p = row_pos(a, row, kMask);
@@ -1098,10 +1097,7 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, kBwdMinCtasPerSm<
   __shared__ Slots<Acc<T>, S::kWarps> sum_slots[2];
   __shared__ Exchange<C> xchg;
   constexpr bool kExchange = kBwdExchange<T, V, K, G, C>;
-  if constexpr (kExchange) {
-    xchg.init();
-    cluster_arrive<C>();  // waited for before the first send: the peers' mbarriers are ready
-  }
+  if constexpr (kExchange) xchg.open();
   int64_t n = 0;  // rows done by this CTA
   pipelined_rows<S::kRowsPerCta, C, G, BwdRow<T, V, K, G, C>>(
       a, [&](const BwdRow<T, V, K, G, C>& r) {
