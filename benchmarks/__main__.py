@@ -26,6 +26,7 @@ examples:
   python -m benchmarks --only softmax --dtypes bf16 --sk 128,2048 --reps 10
   python -m benchmarks --smoke --out /tmp/bench-smoke   CPU harness check (timings mean nothing)
   python -m benchmarks compare NEW.json OLD.json        flag ratios that fell by more than 10%
+  python -m benchmarks ab A1=a1.json B1=b1.json ...     runs side by side (tools/gpu_ab.sh)
 
 exit codes: 0 ok; 1 a result is WRONG or a case raised (ERROR); 2 cannot run here
             (no CUDA, te_fast or triton unavailable); 3 a CUDA error or a harness
@@ -260,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import compare
 
         return compare.main(argv[1:])
+    if argv[:1] == ["ab"]:
+        from benchmarks import ab
+
+        return ab.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         plan = plan_from_args(args)

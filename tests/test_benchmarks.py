@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from benchmarks import checks  # noqa: E402
 from benchmarks.__main__ import main  # noqa: E402
 from benchmarks.cases import SOFTMAX_OPS, parse_count, parse_list  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {"ceiling", "softmax", "convert", "module", "small", "stack"}
 ROW_KEYS = {"case", "section", "impl", "status", "t_s"}
 
@@ -226,3 +230,78 @@ def test_harness_crash_keeps_the_results(tmp_path, monkeypatch, capsys):
     assert code == 3 and result["state"] == "crashed"
     assert [r for r in result["rows"] if r["section"] == "convert"]
     assert "!!! CRASHED" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- A/B table
+
+
+def _ab_run(tmp_path, name: str, rows: list[dict], ceiling: float = 4000.0) -> str:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"ceiling_gbps": ceiling, "rows": rows}))
+    return f"{name}={path}"
+
+
+def _softmax_row(fraction: float, status: str = "ok", impl: str = "te_fast") -> dict:
+    case = f"softmax/scaled_softmax_fwd/bf16/sk=128/{impl}"
+    return {"case": case, "impl": impl, "status": status, "fraction_of_ceiling": fraction}
+
+
+def test_ab_table_medians_and_changes(tmp_path, capsys):
+    """python -m benchmarks ab: one column per run, the median per build (A1, A2 -> A) and the
+    change from the first build, in points; a run's failed row shows as "-!" and is left out."""
+    from benchmarks import ab
+
+    module = {"case": "module/causal/bf16/te_fast", "impl": "te_fast", "status": "ok",
+              "speedup": 3.0}  # fmt: skip
+    peer = _softmax_row(0.99, impl="torch")
+    runs = [
+        _ab_run(tmp_path, "A1", [_softmax_row(0.80), module, peer]),
+        _ab_run(tmp_path, "B1", [_softmax_row(0.90), dict(module, speedup=3.3)]),
+        _ab_run(tmp_path, "A2", [_softmax_row(0.84), module]),
+        _ab_run(tmp_path, "B2", [_softmax_row(0.70, status="WRONG"), dict(module, speedup=3.1)]),
+    ]
+    assert ab.main(runs) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "scaled_softmax_fwd" in x)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1:] == ["80.0", "90.0", "84.0", "-!", "82.0", "90.0", "+8.0"]
+    line = next(x for x in out.splitlines() if "module/causal" in x)
+    assert line.rstrip().endswith("| 3.00x | 3.20x | +0.20x |")
+    assert "/torch" not in out  # te_fast's rows only, unless --impl
+    assert ab.main([*runs, "--impl", "torch"]) == 0
+    assert "/torch" in capsys.readouterr().out
+
+
+def test_ab_bad_arguments_exit_2(tmp_path, capsys):
+    from benchmarks import ab
+
+    good = _ab_run(tmp_path, "A1", [_softmax_row(0.8)])
+    assert ab.main([good, "B1"]) == 2  # no =PATH
+    assert ab.main([good, good]) == 2  # the same name twice
+    assert ab.main([good, f"B1={tmp_path / 'missing.json'}"]) == 2
+    (tmp_path / "bad.json").write_text("{}")
+    assert ab.main([good, f"B1={tmp_path / 'bad.json'}"]) == 2
+    capsys.readouterr()
+
+
+def test_gpu_ab_refuses_cleanly_without_a_gpu(tmp_path):
+    """tools/gpu_ab.sh: usage and argument errors, and no CUDA device, all exit 2 with a reason
+    (before copying or building anything)."""
+    script = ROOT / "tools" / "gpu_ab.sh"
+    base = tmp_path / "base"
+    (base / "csrc").mkdir(parents=True)
+    env = dict(os.environ, OUT=str(tmp_path / "out"), AB_WORK=str(tmp_path / "work"))
+
+    def run(*args):
+        return subprocess.run(["bash", str(script), *args], capture_output=True, text=True,
+                              env=env, timeout=120)  # fmt: skip
+
+    assert run().returncode == 2
+    missing = run(str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "is not a folder" in missing.stderr
+    rounds = run(str(base), "--rounds", "0")
+    assert rounds.returncode == 2 and "positive count" in rounds.stderr
+    if not torch.cuda.is_available():
+        done = run(str(base))
+        assert done.returncode == 2 and "no CUDA device" in done.stderr
+        assert not (tmp_path / "work").exists()
