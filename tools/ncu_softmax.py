@@ -5,11 +5,13 @@
     python tools/ncu_softmax.py --table          # the standing list, one line per kernel
 
 --impl te_fast (default) | triton (the benchmark's Triton peer) | torch (torch.softmax).
-About 64M elements per call (--numel), the benchmark's shape [rows / 64, 1, 64, sk] otherwise.
+About 64M elements per call (--numel) as [rows / 64, 1, 64, sk]; with --heads H as
+[rows / (64 H), H, 64, sk], the mask [b, 1, 64, sk] shared by the heads, which is the benchmark's
+layout (H = 16): there a mask row is read once from DRAM and H times from L2.
 --table runs ncu (under its own locked clocks) on each case of TABLE and prints the kernel, its
-time, DRAM throughput (% of peak), issue-slot use, warps resident, registers and the
-instructions executed per element (per thread): what says whether a kernel waits on memory or
-on its own instruction stream.
+time, DRAM and L2 throughput (% of peak), issue-slot use, warps resident, registers and the
+instructions executed per element (per thread): what says whether a kernel waits on memory
+(DRAM or L2) or on its own instruction stream.
 """
 
 from __future__ import annotations
@@ -32,12 +34,16 @@ TABLE = (
     "--op fwd --sk 4096 --dtype fp32",
     "--op fwd --sk 32768 --dtype fp32",
     "--op masked --sk 128",
+    "--op fwd --sk 16384 --heads 16",
+    "--op masked --sk 16384 --heads 16",
+    "--op masked --sk 65536 --heads 16",
     "--impl triton --sk 1024",
     "--impl triton --sk 2048",
 )
 METRICS = {
     "gpu__time_duration.sum": "us",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "l2%",
     "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue%",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "warps%",
     "launch__registers_per_thread": "regs",
@@ -53,7 +59,7 @@ def table(numel: int) -> None:
     import sys
 
     print(
-        f"{'case':34} {'kernel':58} {'us':>8} {'dram%':>6} {'issue%':>6} "
+        f"{'case':34} {'kernel':58} {'us':>8} {'dram%':>6} {'l2%':>6} {'issue%':>6} "
         f"{'warps%':>6} {'regs':>4} {'inst/elem':>9}"
     )
     for case in TABLE:
@@ -92,6 +98,7 @@ def table(numel: int) -> None:
         print(
             f"{case:34} {kernel[:58]:58} {us:8.1f} "
             f"{vals.get('dram__throughput.avg.pct_of_peak_sustained_elapsed', 0):6.1f} "
+            f"{vals.get('lts__throughput.avg.pct_of_peak_sustained_elapsed', 0):6.1f} "
             f"{vals.get('smsp__issue_active.avg.pct_of_peak_sustained_active', 0):6.1f} "
             f"{vals.get('sm__warps_active.avg.pct_of_peak_sustained_active', 0):6.1f} "
             f"{vals.get('launch__registers_per_thread', 0):4.0f} {inst:9.1f}",
@@ -108,16 +115,25 @@ def main() -> None:
     p.add_argument("--sk", type=int, default=2048)
     p.add_argument("--numel", type=int, default=64 << 20)
     p.add_argument("--calls", type=int, default=4)
+    p.add_argument(
+        "--heads",
+        type=int,
+        default=1,
+        help="x as [b, heads, 64, sk] with the mask [b, 1, 64, sk] shared by the heads (the "
+        "benchmark's layout, where the mask's reads are L2 hits); default 1",
+    )
     a = p.parse_args()
     if a.table:
         table(a.numel)
         return
     if not torch.cuda.is_available():
         raise SystemExit("ncu_softmax.py: needs a CUDA device")
-    sq = 64
-    rows = max(a.numel // a.sk, sq)
-    b = rows // sq
-    x = torch.randn(b, 1, sq, a.sk, device="cuda", dtype=DTYPES[a.dtype])
+    if a.heads < 1:
+        raise SystemExit("ncu_softmax.py: --heads must be at least 1")
+    sq, h = 64, a.heads
+    rows = max(a.numel // a.sk, sq * h)
+    b = rows // (sq * h)
+    x = torch.randn(b, h, sq, a.sk, device="cuda", dtype=DTYPES[a.dtype])
     scale = 0.125
     if a.impl == "triton":
         from benchmarks.triton_softmax import softmax as triton_softmax
@@ -135,7 +151,7 @@ def main() -> None:
             mask = torch.rand(b, 1, sq, a.sk, device="cuda") < 0.25
             run = lambda: ops.scaled_masked_softmax(x, mask, scale)
         elif a.op == "causal":
-            x3 = x.view(b, sq, a.sk) if a.sk == sq else x[:, 0, :, :sq].contiguous()
+            x3 = x.view(b * h, sq, a.sk) if a.sk == sq else x[:, :, :, :sq].reshape(-1, sq, sq)
             run = lambda: ops.scaled_upper_triang_masked_softmax(x3, scale)
         else:
             y = ops.scaled_softmax(x, scale)
