@@ -49,8 +49,15 @@ def table(runs: dict[str, dict], impls: tuple[str, ...]) -> list[str]:
     )
     head = ["case", *runs, *(f"{b} median" for b in builds)]
     head += [f"{b} - {builds[0]}" for b in builds[1:]]
-    ceilings = ", ".join(f"{n} {d.get('ceiling_gbps') or 0:.0f}" for n, d in runs.items())
-    lines = [f"copy ceilings (GB/s): {ceilings}", "", "| " + " | ".join(head) + " |"]
+    ceilings = ", ".join(
+        f"{n} {d['ceiling_gbps']:.0f}" if d.get("ceiling_gbps") else f"{n} -"
+        for n, d in runs.items()
+    )
+    lines = [f"copy ceilings (GB/s): {ceilings}"]
+    smoke = [n for n, d in runs.items() if d.get("smoke")]
+    if smoke:
+        lines.append(f"smoke runs (their timings mean nothing): {', '.join(smoke)}")
+    lines += ["", "| " + " | ".join(head) + " |"]
     lines.append("|" + "---|" * len(head))
     for case in cases:
         texts, medians = [], {}

@@ -6,20 +6,24 @@
 # ab.log, the builds' logs on failure.
 #   tools/gpu_ab.sh BASE [--rounds N] [--no-bits] [-- benchmark arguments]
 # BASE is a folder holding the base's csrc/, made here before the call and carried to the GPU
-# machine (its name is git-ignored):
+# machine (.ab_base is git-ignored):
 #   rm -rf .ab_base && git archive --prefix=.ab_base/ HEAD csrc | tar -x
 # Benchmark arguments default to the softmax section without peers or inductor
 # (--only softmax --peers "" --inductor off); pass others after --, e.g.
 #   tools/gpu_ab.sh .ab_base --rounds 2 -- --only softmax --peers "" --inductor off --sk 16384
 # Exit: 0 done (the table says who won; outputs may differ: see bits.txt), 1 a build or a run
 # failed, 2 bad arguments or no CUDA device.
+# AB_DEVICE=cpu checks the plumbing on a machine without a GPU: CPU builds (TE_FAST_CUDA=0), the
+# quick bits matrix and the benchmark's --smoke run (its timings mean nothing).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-PY=${PYTHON:-python3}
-usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" >&2; exit 2; }
+SELF=$(readlink -f "$0")
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$SELF" >&2; exit 2; }
 [ $# -ge 1 ] || usage
-BASE=${1%/}; BASE=${BASE#./}; shift
+OUT=${OUT:-$PWD/gpu_out}
+[ -d "$1/csrc" ] || { echo "gpu_ab: $1/csrc is not a folder" >&2; usage; }
+BASE=$(cd "$1" && pwd); shift
+cd "$(dirname "$SELF")/.."
+PY=${PYTHON:-python3}
 rounds=2
 bits=1
 while [ $# -gt 0 ]; do
@@ -30,11 +34,18 @@ while [ $# -gt 0 ]; do
     *) echo "gpu_ab: unknown argument $1" >&2; usage ;;
   esac
 done
-[ -d "$BASE/csrc" ] || { echo "gpu_ab: $BASE/csrc is not a folder" >&2; usage; }
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_ab: --rounds takes a positive count" >&2; exit 2; }
 bench_args=("$@")
 [ ${#bench_args[@]} -gt 0 ] || bench_args=(--only softmax --peers "" --inductor off)
-if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+device=cuda
+bits_args=(--device cuda)
+if [ "${AB_DEVICE:-cuda}" = cpu ]; then  # the plumbing check (see above)
+  device=cpu
+  bits_args=(--device cpu --quick)
+  bench_args=(--smoke)
+  export TE_FAST_CUDA=0
+elif ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
+then
   echo "gpu_ab: no CUDA device here (an A/B runs on a GPU machine)" >&2
   exit 2
 fi
@@ -49,13 +60,15 @@ fi
 # The distribution's g++ where it exists (see tools/gpu_run.sh); half the cores to each build.
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+rel=${BASE#"$PWD"/}  # BASE's path in the tree (not copied into either build), when inside it
 for v in A B; do
   mkdir -p "$WORK/$v"
-  tar --exclude=./.git --exclude=./.whl --exclude=./build --exclude=./gpu_out --exclude="./$BASE" \
+  tar --exclude=./.git --exclude=./.whl --exclude=./build --exclude=./gpu_out --exclude="./$rel" \
     --exclude='*.so' -cf - . | tar -xf - -C "$WORK/$v"
 done
 rm -rf "$WORK/A/csrc" && cp -r "$BASE/csrc" "$WORK/A/csrc"
-echo "gpu_ab: $(date -u), base $BASE, $rounds rounds, benchmark ${bench_args[*]}" | tee "$LOG"
+echo "gpu_ab: $(date -u), $device, base $BASE, $rounds rounds, benchmark ${bench_args[*]}" \
+  | tee "$LOG"
 start=$(date +%s)
 for v in A B; do
   (cd "$WORK/$v" && MAX_JOBS=$jobs $PY setup.py build_ext --inplace > "$WORK/build_$v.log" 2>&1;
@@ -74,7 +87,7 @@ failed=0
 if [ $bits -eq 1 ]; then
   for v in A B; do
     (cd "$WORK/$v" && PYTHONPATH=$WORK/$v${PYTHONPATH:+:$PYTHONPATH} \
-      $PY tools/softmax_bits.py save "$WORK/bits_$v.json" --device cuda >> "$LOG" 2>&1) \
+      $PY tools/softmax_bits.py save "$WORK/bits_$v.json" "${bits_args[@]}" >> "$LOG" 2>&1) \
       || { echo "gpu_ab: softmax_bits save failed on $v" | tee -a "$LOG"; failed=1; }
   done
   $PY tools/softmax_bits.py compare "$WORK/bits_A.json" "$WORK/bits_B.json" > "$OUT/bits.txt" 2>&1
