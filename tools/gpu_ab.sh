@@ -61,10 +61,11 @@ fi
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 rel=${BASE#"$PWD"/}  # BASE's path in the tree (not copied into either build), when inside it
-for v in A B; do
+for v in A B; do  # the sources, without build outputs, environments, caches or scratch
   mkdir -p "$WORK/$v"
   tar --exclude=./.git --exclude=./.whl --exclude=./build --exclude=./gpu_out --exclude="./$rel" \
-    --exclude='*.so' -cf - . | tar -xf - -C "$WORK/$v"
+    --exclude=./.venv --exclude=./.ci-venv --exclude=./reports/latest --exclude=./devscratch \
+    --exclude=./.hypothesis --exclude=__pycache__ --exclude='*.so' -cf - . | tar -xf - -C "$WORK/$v"
 done
 rm -rf "$WORK/A/csrc" && cp -r "$BASE/csrc" "$WORK/A/csrc"
 echo "gpu_ab: $(date -u), $device, base $BASE, $rounds rounds, benchmark ${bench_args[*]}" \
