@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder for latest.json/.md/.png (default: benchmarks/; smoke: a temp dir)",
     )
     p.add_argument("--smoke", action="store_true", help="tiny CPU matrix: does the harness run?")
+    p.add_argument(
+        "--misaligned",
+        action="store_true",
+        help="softmax inputs one element past an aligned address, so that te_fast takes its "
+        "one-element (fallback) kernels; their rows are named .../misaligned/...",
+    )
     p.add_argument("--only", default=",".join(SECTIONS), help=f"sections, from {SECTIONS}")
     p.add_argument("--dtypes", default="bf16,fp16,fp32", help="of bf16,fp16,fp32 (in this order)")
     p.add_argument("--sk", default=",".join(map(str, SK_ALL)), help="softmax row lengths")
@@ -102,6 +108,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         inductor_dtypes=cases.parse_list(args.inductor_dtypes, DTYPES, "--inductor-dtypes"),
         deadline_s=args.deadline_s,
         compile_budget_s=args.compile_budget_s,
+        misaligned=args.misaligned,
     )
     if not plan.sks or any(sk < 1 for sk in plan.sks) or plan.reps < 1:
         raise ValueError("--sk needs positive row lengths and --reps a positive count")

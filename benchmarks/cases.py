@@ -65,6 +65,8 @@ class Plan:
     deadline_s: float = 540.0
     compile_budget_s: float = 75.0  # softmax inductor peers only; module compiles always run
     smoke: bool = False
+    # softmax inputs (x, dy) one element past an aligned address: the one-element kernels
+    misaligned: bool = False
     softmax_bh: tuple[int, int] = (4, 16)
     ceiling_bytes: int = 1 << 30
     convert_shape: AttnShape = field(default_factory=lambda: AttnShape(32, 16, 2048, 128))
@@ -115,6 +117,7 @@ def smoke_plan(base: Plan) -> Plan:
         deadline_s=base.deadline_s,
         compile_budget_s=base.compile_budget_s,
         smoke=True,
+        misaligned=base.misaligned,
         softmax_bh=(2, 2),
         ceiling_bytes=1 << 20,
         convert_shape=AttnShape(3, 2, 16, 8),

@@ -105,6 +105,9 @@ class SoftmaxCase:
         td = DTYPES[dtype]
         self.x = torch.randn(b, h, sq, sk, device=r.device, dtype=td)
         self.dy = torch.randn(b, h, sq, sk, device=r.device, dtype=td)
+        self.misaligned = r.plan.misaligned
+        if self.misaligned:
+            self.x, self.dy = _one_element_in(self.x), _one_element_in(self.dy)
         self.mask = torch.rand(b, 1, sq, sk, device=r.device) < 0.2  # True = masked out
         self.ys: dict[str, torch.Tensor] = {}
         self.shape = _shape(self.x)
@@ -116,7 +119,18 @@ class SoftmaxCase:
         return t.view(self.b, self.h, self.sq, self.sk)
 
     def row(self, op_name: str, impl: str) -> dict:
-        return base_row("softmax", impl, op=op_name, dtype=self.dtype, sk=self.sk, shape=self.shape)
+        layout = {"config": "misaligned"} if self.misaligned else {}
+        return base_row(
+            "softmax", impl, op=op_name, **layout, dtype=self.dtype, sk=self.sk, shape=self.shape
+        )
+
+
+def _one_element_in(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a contiguous tensor that starts one element past an aligned address."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = buf[1:].view(t.shape)
+    out.copy_(t)
+    return out
 
 
 def te_fast_fwd(r: Runner, c: SoftmaxCase, op: SoftmaxOp) -> None:

@@ -305,3 +305,19 @@ def test_gpu_ab_refuses_cleanly_without_a_gpu(tmp_path):
         done = run(str(base))
         assert done.returncode == 2 and "no CUDA device" in done.stderr
         assert not (tmp_path / "work").exists()
+
+
+def test_misaligned_run_names_its_rows_and_offsets_its_inputs(tmp_path, capsys):
+    """--misaligned: softmax inputs one element past an aligned address (so that te_fast takes
+    its one-element kernels on a GPU), rows named .../misaligned/..., results still checked."""
+    from benchmarks.ops_bench import _one_element_in
+
+    t = torch.randn(3, 5, dtype=torch.bfloat16)
+    moved = _one_element_in(t)
+    assert torch.equal(moved, t) and moved.is_contiguous()
+    assert moved.data_ptr() % 16 == t.element_size()  # allocations are 16-byte aligned at least
+    code, result = _run(tmp_path, "--only", "softmax", "--misaligned")
+    assert code == 0, capsys.readouterr().out
+    rows = [r for r in result["rows"] if r["section"] == "softmax"]
+    assert rows and all("/misaligned/" in r["case"] and r["status"] == "ok" for r in rows)
+    assert all(r["check"]["ok"] for r in rows)

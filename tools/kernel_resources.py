@@ -23,7 +23,8 @@ a thread (16 bytes at 1024 threads an SM; the long kernel in its place lost 3 po
 columns) and the masked 16-bit long kernels on clusters (8 bytes; the mask in shared memory in
 their place lost 8 points at 64K), both in benchmarks/runs/h200-2026-12-04-mask-smem.md. The
 largest, the fp32 backward of one-element chunks (misaligned rows: 180-212 bytes stored a
-thread at 64-512 threads a row), is a fallback path the benchmark does not time.
+thread at 64-512 threads a row), is a fallback path that only `python -m benchmarks
+--misaligned` times.
 """
 
 from __future__ import annotations
