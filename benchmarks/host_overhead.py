@@ -33,11 +33,11 @@ import time
 
 import torch
 
-from benchmarks.cases import AttnShape
+from benchmarks.cases import AttnShape, Plan
 from benchmarks.module_bench import make_stack
 
 SHAPE = AttnShape(b=1, h=2, s=16, d=8)
-SMALL = AttnShape(b=2, h=16, s=128, d=64)  # the benchmark's small shape (cases.Plan.small_shape)
+SMALL = Plan().small_shape  # the benchmark's small shape (b2 h16 s128 d64)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -98,7 +98,7 @@ def measure(
 
 _SETUP = """
 import torch
-from benchmarks.cases import AttnShape
+from benchmarks.cases import AttnShape, Plan
 from benchmarks.module_bench import make_stack
 torch.set_num_threads(1)
 torch.manual_seed(0)
