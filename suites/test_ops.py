@@ -82,6 +82,8 @@ def _check_softmax(op, x, mask, scale):
     y_lp.backward(dy)
 
     assert y.dtype == dtype and y.shape == x.shape
+    for name, lp, r in (("y", y_lp, y64), ("dx", x_lp.grad, x64.grad)):  # else the bound is inf
+        assert not (lp.isnan() & ~r.isnan()).any(), f"{name}: the same-precision reference is NaN"
     check_ratio("y", y, y64, y_lp, K_FORWARD)
     check_ratio("dx", x_fast.grad, x64.grad, x_lp.grad, K_BACKWARD)
     return y, x_fast.grad
@@ -119,6 +121,44 @@ def test_softmax_large_magnitude(variant, dtype_name, device_name, sk):
     x = x.float().clamp(-6e4, 6e4).to(x.dtype)  # stay inside fp16's range
     record.case(shapes={"x": list(x.shape)})
     _check_softmax(op, x, mask, 1.0)
+
+
+def _range_end_data(x: torch.Tensor) -> torch.Tensor:
+    """x's shape and dtype, its rows (in turn) near the dtype's most negative value, near its
+    largest, and 60% near the most negative followed by x's own values: |values| of 0.75 to 1
+    times finfo.max, with ties (bf16 holds ~64 values there)."""
+    big = torch.finfo(x.dtype).max
+    u = 0.75 + 0.25 * torch.rand(x.shape, device=x.device)
+    far = (big * u).to(x.dtype)
+    rows = torch.arange(x.shape[-2], device=x.device).view(-1, 1)
+    cols = torch.arange(x.shape[-1], device=x.device)
+    kind = rows % 3
+    out = torch.where(kind == 1, far, -far)
+    return torch.where((kind == 2) & (cols >= 0.6 * x.shape[-1]), x, out)
+
+
+# One row length per CUDA forward path (see ROW_LENGTHS): one-element chunks, a warp, one
+# 128-thread CTA, the long kernel on one CTA and on a cluster of four, the two-pass kernel.
+RANGE_END_LENGTHS = (17, 1000, 4096, 20000, 70000, 131080)
+
+
+@pytest.mark.parametrize("sk", RANGE_END_LENGTHS, ids=lambda n: f"sk{n}")
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("dtype_name", SOFTMAX_DTYPES)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_softmax_range_end_scores(variant, dtype_name, device_name, sk):
+    """Scores near the dtype's range ends at scale 1 (the scale of post_scale_bias and ALiBi
+    calls: an additive mask of finfo(dtype).min in a fully masked row). For bf16, scale * log2 e
+    times such a score is past fp32's range; the row's softmax is still defined (1 / n on the n
+    columns holding its max, 0 elsewhere; softmax is shift-invariant) and the same-precision
+    composite computes it."""
+    _record(VARIANTS[variant][0], dtype_name, device_name, "range_end")
+    device = devices.require(device_name)
+    op, x, mask = _inputs(variant, sk, device, DTYPES[dtype_name], 2.0)
+    x = _range_end_data(x)
+    record.case(shapes={"x": list(x.shape)})
+    y, dx = _check_softmax(op, x, mask, 1.0)
+    assert not torch.isnan(y).any() and not torch.isnan(dx).any()
 
 
 @pytest.mark.parametrize("device_name", devices.device_params())

@@ -426,6 +426,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Whether the shift fl(mx * c) of a fp16/bf16 row (scale > 0) overflows fp32 for a finite kept max
+// mx: |mx| > FLT_MAX / c, bf16 scores near either end of bf16's range with c = scale * log2 e > 1
+// (at scale 1, an additive finfo(bf16).min mask). The shift would be +-inf and the row NaN or 0,
+// where its softmax is 1 / n on the n columns equal to mx and 0 elsewhere. The kernels then
+// replace each kept x by x - mx (in the data's own type) and use the shift 0, so that the same
+// loop computes e = 2^fma(x - mx, c, 0): 1 at mx; 0 at any other value, which lies at least
+// |mx| 2^-9 below mx, so that (x - mx) c is below -FLT_MAX 2^-9 (the difference, nonzero, keeps
+// that bound when rounded, or becomes -inf); NaN at a NaN, which poisons the row as before. A
+// cold branch: the hot loop is unchanged (ptxas, 2026-12-04: the same registers, and 4 more bytes
+// of per-row spill in the 4K-column masked kernel). The two-pass kernel instead runs its first
+// pass again with a c of the row's own (softmax_fwd_block).
+__device__ __forceinline__ bool shift_overflows(float mx, float c) {
+  return isinf(mx * c) && !isinf(mx);
+}
+
 // fp16/bf16 values two to a 32-bit word, as loaded: the dtype's -inf in both lanes, the max of
 // each lane pair (HMNMX2: exact, and it drops a NaN as fmaxf does), and each lane widened.
 template <typename T>
@@ -442,6 +457,16 @@ struct Packed<__nv_bfloat16> {
   __device__ __forceinline__ static float hi(uint32_t w) {
     return __uint_as_float(w & 0xffff0000u);
   }
+  // v (a bf16 value) in both lanes
+  __device__ __forceinline__ static uint32_t splat(float v) {
+    return (__float_as_uint(v) >> 16) * 0x00010001u;
+  }
+  // a - b in each lane, rounded to bf16
+  __device__ __forceinline__ static uint32_t sub2(uint32_t a, uint32_t b) {
+    const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&d);
+  }
 };
 template <>
 struct Packed<__half> {
@@ -456,6 +481,16 @@ struct Packed<__half> {
   }
   __device__ __forceinline__ static float hi(uint32_t w) {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+  }
+  // v (an fp16 value) in both lanes
+  __device__ __forceinline__ static uint32_t splat(float v) {
+    return static_cast<uint32_t>(__half_as_ushort(__float2half_rn(v))) * 0x00010001u;
+  }
+  // a - b in each lane, rounded to fp16
+  __device__ __forceinline__ static uint32_t sub2(uint32_t a, uint32_t b) {
+    const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&a),
+                              *reinterpret_cast<const __half2*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&d);
   }
 };
 
@@ -572,7 +607,13 @@ __device__ __forceinline__ void forward_row_packed(const SoftmaxFwdArgs& a, int6
   for (int i = 1; i < K * kW; ++i) m2 = P::max2(m2, w[i]);
   float mx = fmaxf(P::lo(m2), P::hi(m2));
   mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
-  const float shift = mx == -INFINITY ? 0.f : mx * c;  // all kept scores -inf: every e is 0
+  float shift = mx == -INFINITY ? 0.f : mx * c;  // all kept scores -inf: every e is 0
+  if (shift_overflows(mx, c)) {  // (rare) x -> x - mx, shift 0: e = 1 where x == mx, else 0
+    const uint32_t mx2 = P::splat(mx);
+#pragma unroll
+    for (int i = 0; i < K * kW; ++i) w[i] = P::sub2(w[i], mx2);
+    shift = 0.f;
+  }
   float v[K * V];
   float part = 0.f;
 #pragma unroll
@@ -644,7 +685,12 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
   }
   mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
   // fl(m * c) is the max of fl(x * c) when c > 0; all kept scores -inf: every e is 0.
-  const float shift = mx == -INFINITY ? 0.f : (fast ? mx * c : mx);
+  float shift = mx == -INFINITY ? 0.f : (fast ? mx * c : mx);
+  if (fast && shift_overflows(mx, c)) {  // (rare) x -> x - mx, shift 0: e = 1 where x == mx
+#pragma unroll
+    for (int e = 0; e < kE; ++e) v[e] -= mx;
+    shift = 0.f;
+  }
   A part = 0;
   if (fast) {
 #pragma unroll
@@ -893,6 +939,29 @@ __device__ __forceinline__ void cp_async_wait() {
 // 2^(m_r - M) (base 2 with the scale folded in for fp16/bf16, which then recompute e with M; fp32
 // scale their stored e by exp(m_r - M) / S, in double). Two cluster barriers a row before
 // (2026-12-04, H200: bf16 64K 80%, two CTAs); one swap: 89% the same day.
+// softmax_fwd_long's cold branch where shift_overflows (out of line, so that the hot passes keep
+// their registers): x -> x - mx in the thread's chunks of the block in shared memory (the first
+// `limit` columns of the block, those the causal cut keeps; the mask's -inf already in place).
+template <typename T, int K, int G>
+__device__ __noinline__ void minus_max_block(typename Chunk<T, kVec<T>>::R* xs, int t, int limit,
+                                            float mx) {
+  constexpr int V = kVec<T>;
+  constexpr int kW = V / 2;
+  using R = typename Chunk<T, V>::R;
+  const uint32_t mx2 = Packed<T>::splat(mx);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int j0 = (k * G + t) * V;
+    if (j0 >= limit) continue;
+    alignas(16) uint32_t w[kW];
+    packed_words<T, V>(j0, limit, [&] { return xs[k * G + t]; },
+                       [] { return MaskChunk<V, false>{}; }, w);
+#pragma unroll
+    for (int i = 0; i < kW; ++i) w[i] = Packed<T>::sub2(w[i], mx2);
+    xs[k * G + t] = *reinterpret_cast<const R*>(w);
+  }
+}
+
 template <typename T, int K, int G, int C>
 struct LongShape {
   static constexpr int V = kVec<T>;
@@ -963,6 +1032,11 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
       }
       const float mx = row_reduce<G, 1>(fmaxf(P::lo(m2), P::hi(m2)), MaxOp{}, max_slots);
       float shift = mx == -INFINITY ? 0.f : mx * c;  // as in forward_row_packed
+      const bool own_over = shift_overflows(mx, c);
+      if (own_over) {  // (rare) x -> x - mx, shift 0: this block's e = 1 where x == mx, else 0
+        minus_max_block<T, K, G>(xs, t, limit - base, mx);
+        shift = 0.f;
+      }
       auto exps = [&](int k, float* e) {
         uint32_t w[kW];
         packed_words<T, V>(col(k), limit, [&] { return at(k); },
@@ -983,26 +1057,40 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         for (int i = 0; i < V; ++i) part += e[i];
       }
       float sum = row_reduce<G, 1>(part, SumOp{}, sum_slots);
+      bool keep = true;  // false: this block's y are 0
       if constexpr (C > 1) {
         const double2* pairs = xchg.swap(n, rank, mx, sum);
         // The row's max M and sum: each CTA's sum of 2^(x c - m_r c) times 2^(m_r c - M c), in
         // rank order (every CTA computes the same bits). A block with no kept column sends sum 0.
+        // Where fl(M c) overflows (shift_overflows), that factor is 1 for the blocks whose max
+        // is M, whose sums counted their columns equal to M, and 0 for the others. A block whose
+        // own m_r c overflows (to -inf) in a row that does not has a finite sum and the factor
+        // 0. Such blocks, and those that do not hold M in a row that overflows, write zeros: e
+        // from their own shift (finite), times 0.
         float row_mx = -INFINITY;
 #pragma unroll
         for (int r = 0; r < C; ++r) row_mx = fmaxf(row_mx, static_cast<float>(pairs[r].x));
         const float row_shift = row_mx == -INFINITY ? 0.f : row_mx * c;
+        const bool row_over = shift_overflows(row_mx, c);
         float total = 0.f;
 #pragma unroll
         for (int r = 0; r < C; ++r) {
           const float m_r = static_cast<float>(pairs[r].x);
           const float s_r = static_cast<float>(pairs[r].y);
-          if (s_r != 0.f) total += s_r * fast_exp2((m_r == -INFINITY ? 0.f : m_r * c) - row_shift);
+          if (s_r == 0.f) continue;
+          if (row_over) {
+            total += m_r == row_mx ? s_r : 0.f;
+          } else {
+            total += s_r * fast_exp2((m_r == -INFINITY ? 0.f : m_r * c) - row_shift);
+          }
         }
-        shift = row_shift;
+        if (!own_over && !row_over) shift = row_shift;
+        keep = own_over ? row_over && mx == row_mx : !row_over;
         sum = total;
         if (row + stride >= a.rows) cluster_arrive<C>();  // its last row: the exit barrier
       }
-      const TimesInv<float> times_inv(sum == 0.f ? 0.f : 1.f / sum);  // fully masked row -> 0
+      // fully masked row (or a block that keeps nothing) -> 0
+      const TimesInv<float> times_inv(sum == 0.f || !keep ? 0.f : 1.f / sum);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (col(k) >= a.sk) continue;
@@ -1118,6 +1206,7 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, kBwdMinCtasPerSm<
 struct MaxSum {
   float m;   // running max of fl(c * x)
   double s;  // sum of exp(c * x - m)
+  float r;   // running max of the kept x themselves (fp16/bf16: shift_overflows' test)
 };
 
 __device__ __forceinline__ float max_nan(float a, float b) { return (a != a || a > b) ? a : b; }
@@ -1134,10 +1223,15 @@ template <typename T, int V>
 __device__ __forceinline__ void online_add(MaxSum& t, const float* x, uint32_t bits, float c,
                                            double scale, bool two) {
   float cm = -INFINITY;
+  float rm = -INFINITY;
 #pragma unroll
   for (int e = 0; e < V; ++e) {
-    if (bits >> e & 1u) cm = max_nan(cm, x[e] * c);
+    if (bits >> e & 1u) {
+      cm = max_nan(cm, x[e] * c);
+      rm = fmaxf(rm, x[e]);
+    }
   }
+  t.r = fmaxf(t.r, rm);
   if (cm == -INFINITY) return;
   const float m = max_nan(t.m, cm);
   Acc<T> cs = 0;
@@ -1149,10 +1243,11 @@ __device__ __forceinline__ void online_add(MaxSum& t, const float* x, uint32_t b
 }
 
 __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b, bool two) {
-  if (b.m == -INFINITY) return a;
-  if (a.m == -INFINITY) return b;
+  const float r = fmaxf(a.r, b.r);
+  if (b.m == -INFINITY) return {a.m, a.s, r};
+  if (a.m == -INFINITY) return {b.m, b.s, r};
   const float m = max_nan(a.m, b.m);
-  return {m, a.s * rescale(a.m, m, two) + b.s * rescale(b.m, m, two)};
+  return {m, a.s * rescale(a.m, m, two) + b.s * rescale(b.m, m, two), r};
 }
 
 __device__ inline MaxSum block_merge(MaxSum t, MaxSum* smem, bool two) {
@@ -1160,7 +1255,9 @@ __device__ inline MaxSum block_merge(MaxSum t, MaxSum* smem, bool two) {
   const int warp = threadIdx.x / kWarp;
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o >>= 1) {
-    t = merge(t, {__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o)},
+    t = merge(t,
+              {__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o),
+               __shfl_xor_sync(0xffffffffu, t.r, o)},
               two);
   }
   if (lane == 0) smem[warp] = t;
@@ -1194,19 +1291,32 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArgs a) {
   __shared__ MaxSum smem[kBlockThreads / kWarp];
   const bool two = !kWide<T>;
-  const float c = kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
+  const float kernel_c =
+      kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
   const int64_t step = static_cast<int64_t>(blockDim.x) * V;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const RowPos r = row_pos(a, row, a.mode == te_fast_rules::kExplicitMask);
     const int64_t limit = kept_prefix(a.mode, r.i, a.sq, a.sk);
     const T* x = static_cast<const T*>(a.x) + row * a.sk;
-    MaxSum t{-INFINITY, 0.0};
-    for (int64_t j0 = threadIdx.x * V; j0 < limit; j0 += step) {
-      float v[V];
-      const uint32_t bits = load_kept<T, V>(x, j0, r, limit, v);
-      online_add<T, V>(t, v, bits, c, a.scale, two);
+    auto first_pass = [&](float c) {
+      MaxSum t{-INFINITY, 0.0, -INFINITY};
+      for (int64_t j0 = threadIdx.x * V; j0 < limit; j0 += step) {
+        float v[V];
+        const uint32_t bits = load_kept<T, V>(x, j0, r, limit, v);
+        online_add<T, V>(t, v, bits, c, a.scale, two);
+      }
+      return block_merge(t, smem, two);
+    };
+    float c = kernel_c;
+    MaxSum t = first_pass(c);
+    if (two && c > 0.f && shift_overflows(t.r, c)) {
+      // (rare) The pass again with the row's own c = 2^(29 - ilogb r) (r is normal and at least
+      // 1 in magnitude: its biased exponent b is in [127, 254], and 283 - b is the c's): r c is
+      // exact, in [2^29, 2^30), and (x - r) c is below -2^18 for any other fp16/bf16 x, so the
+      // sum counts the columns equal to r and the write gives them 1 / count, the others 0.
+      c = __uint_as_float((283u - (__float_as_uint(t.r) >> 23 & 0xffu)) << 23);
+      t = first_pass(c);
     }
-    t = block_merge(t, smem, two);
     const double inv = t.s == 0.0 ? 0.0 : 1.0 / t.s;  // fully masked row -> 0
     const TimesInv<Acc<T>> times_inv(static_cast<Acc<T>>(inv));
     T* y = static_cast<T*>(a.y) + row * a.sk;
