@@ -28,6 +28,13 @@ def _index(flat_index: int, shape) -> tuple[int, ...]:
     return tuple(reversed(idx))
 
 
+def _abs_diff(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|x - ref|: 0 where both are NaN or equal (equal infinities too), inf where only one is
+    NaN or the two are different infinities."""
+    same = (x == ref) | (torch.isnan(x) & torch.isnan(ref))
+    return torch.where(same, 0.0, (x - ref).abs().nan_to_num(nan=float("inf")))
+
+
 def check_ratio(
     name: str,
     impl: torch.Tensor,
@@ -38,7 +45,10 @@ def check_ratio(
 ) -> float:
     """Assert max|impl - ref64| <= k * max|ref_lp - ref64| + floor(dtype); returns the ratio.
 
-    The comparison is recorded for the report (error, bound, ratio = error / bound).
+    The comparison is recorded for the report (error, bound, ratio = error / bound). Equal
+    values count as exact, NaN and infinities included (a NaN-poisoned reference row must be
+    NaN in impl); a same-precision reference that is NaN or infinite where float64 is not makes
+    the bound infinite, and is an error rather than a pass.
     """
     dtype = dtype or impl.dtype
     assert impl.shape == ref64.shape == ref_lp.shape, (
@@ -49,10 +59,17 @@ def check_ratio(
     r = ref64.detach().to(torch.float64)
     lp = ref_lp.detach().to(torch.float64)
     bad_nan = torch.isnan(a) & ~torch.isnan(r)
-    err = (a - r).abs().nan_to_num(nan=float("inf"))
+    err = _abs_diff(a, r)
     max_err = err.max().item() if err.numel() else 0.0
-    ref_err = (lp - r).abs().nan_to_num(nan=float("inf"))
+    ref_err = _abs_diff(lp, r)
     ref_err_max = ref_err.max().item() if ref_err.numel() else 0.0
+    if ref_err_max == float("inf"):  # the bound would pass anything
+        at = _index(int(ref_err.argmax().item()), ref_err.shape)
+        raise AssertionError(
+            f"{name}: the same-precision reference is NaN or infinite where float64 is not (at "
+            f"{list(at)}: ref_lp {lp[at].item():.6g}, ref64 {r[at].item():.6g}): SPEC 6's bound "
+            "would be infinite, so this case cannot be judged by the rule"
+        )
     bound = k * ref_err_max + floor(dtype)
     ratio = max_err / bound
     worst = _index(int(err.argmax().item()), err.shape) if err.numel() else ()

@@ -147,6 +147,25 @@ def test_catches_wrong_numerics():
         check_ratio("y", wrong, ref64, ref_lp, 2.0)
 
 
+def test_ratio_rule_on_non_finite_values():
+    """The rule never passes by an infinite bound: a NaN-poisoned reference row needs NaN in the
+    implementation (0 there fails), equal infinities are exact, and a same-precision reference
+    that is NaN where float64 is not is an error, not a pass of anything."""
+    _record("ratio_non_finite", "cpu")
+    nan, inf = float("nan"), float("inf")
+    ref64 = torch.tensor([0.25, 0.75, nan, -inf], dtype=torch.float64)
+    ref_lp = torch.tensor([0.25, 0.75, nan, -inf])
+    with record.suspended():
+        assert check_ratio("y", torch.tensor([0.25, 0.75, nan, -inf]), ref64, ref_lp, 2.0) == 0
+        with pytest.raises(AssertionError, match="ratio inf"):
+            check_ratio("y", torch.tensor([0.25, 0.75, 0.0, -inf]), ref64, ref_lp, 2.0)
+        with pytest.raises(AssertionError, match="ratio"):  # one finite value wrong
+            check_ratio("y", torch.tensor([0.25, 0.5, nan, -inf]), ref64, ref_lp, 2.0)
+        vacuous = torch.tensor([0.25, nan, nan, -inf])  # the composite NaN where float64 is not
+        with pytest.raises(AssertionError, match="cannot be judged"):
+            check_ratio("y", torch.tensor([0.25, 0.5, nan, -inf]), ref64, vacuous, 2.0)
+
+
 # ----------------------------------------------------------------------------- fuzz checks
 # The property-based suite (suites/test_fuzz.py) run on deliberately broken stand-ins
 # (suites/broken_ops.py): each must be found, shrunk and printed with a reproducer.
