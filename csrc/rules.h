@@ -33,22 +33,27 @@ TE_HD int64_t kept_prefix(int mode, int64_t i, int64_t sq, int64_t sk) {
   return limit < 0 ? 0 : (limit > sk ? sk : limit);
 }
 
-// exp(scale * x - m) for one kept column, where m is the row's (running) max of fl(scale * x);
-// softmax is shift-invariant, so any m near the max serves. With fp32 data (kWide) the product
-// and the difference are formed in double, where both are exact or nearly so, and only the small
-// difference is rounded to fp32: rounding scale * x to fp32 first would cost up to half an ulp
-// of the score, which at a score of 6 is 2.4e-7 of every probability, the largest error of the
-// whole softmax and one that an fp32 composite shares. The scale is the op's own double (0.6, not
-// 0.6f, whose rounding is 4e-8 of every score: for fp32 data that was the largest error left, and
-// it put test_softmax_misaligned_views[fp32-cuda-sk1000]'s dx over its bound on 2026-12-03). The
-// exponential itself is fp32's expf: a double exp, tried the same day, cost the fp32 forward a
-// third of its speed (85% -> 56% of the copy ceiling at sk = 32) for error ratios the scale
-// alone had already brought down. fp16/bf16 data work in fp32: their output rounding is 2^13
-// times coarser than all of this.
+// exp(scale * x - m) for one kept column, where m is the row's (running) max of scale * x as the
+// kernel forms the argument: fl(scale * x) in fp32 for fp16/bf16 data; in double for fp32 data
+// (kWide), so that no argument exceeds 0. (Softmax is shift-invariant, but a shift taken from
+// the fp32 product while the argument takes the double one is off by up to 2^-24 of the largest
+// score: harmless at everyday magnitudes, a NaN or zero row where scores reach ~1e9 / scale at
+// a scale that fp32 does not hold exactly, such as an additive finfo(float32).min mask before a
+// scale of 1/sqrt(d); the fuzz's range-end scores found it on 2026-12-04.) With fp32 data the
+// product and the difference are formed in double, where both are exact or nearly so, and only
+// the small difference is rounded to fp32: rounding scale * x to fp32 first would cost up to half
+// an ulp of the score, which at a score of 6 is 2.4e-7 of every probability, the largest error of
+// the whole softmax and one that an fp32 composite shares. The scale is the op's own double (0.6,
+// not 0.6f, whose rounding is 4e-8 of every score: for fp32 data that was the largest error
+// left, and it put test_softmax_misaligned_views[fp32-cuda-sk1000]'s dx over its bound on
+// 2026-12-03). The exponential itself is fp32's expf: a double exp, tried the same day, cost the
+// fp32 forward a third of its speed (85% -> 56% of the copy ceiling at sk = 32) for error ratios
+// the scale alone had already brought down. fp16/bf16 data work in fp32: their output rounding
+// is 2^13 times coarser than all of this.
 template <bool kWide>
-TE_HD float exp_shifted(float x, double scale, float m) {
+TE_HD float exp_shifted(float x, double scale, double m) {
   if (kWide) return expf(static_cast<float>(static_cast<double>(x) * scale - m));
-  return expf(x * static_cast<float>(scale) - m);
+  return expf(x * static_cast<float>(scale) - static_cast<float>(m));
 }
 
 // The softmax backward, dx = scale * y * (dy - dot) with dot = sum_j y_j * dy_j, one element at

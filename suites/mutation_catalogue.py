@@ -310,8 +310,8 @@ _CPP = [
     # ---------------------------------------------------------------- csrc/te_fast.cpp (CPU)
     Defect(
         "cpu_no_max_subtraction", "cpu", "csrc/te_fast.cpp",
-        "v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale_d, mx) : 0.f;",
-        "v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale_d, 0.f) : 0.f;",
+        "v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale_d, shift) : 0.f;",
+        "v[j] = live ? te_fast_rules::exp_shifted<kWide>(v[j], scale_d, 0.0) : 0.f;",
         "CPU forward without the max subtraction: exp overflows on large scores",
         (OPS,), k="large_magnitude",
     ),

@@ -140,22 +140,26 @@ def _range_end_data(x: torch.Tensor) -> torch.Tensor:
 RANGE_END_LENGTHS = (17, 1000, 4096, 20000, 70000, 131080)
 
 
+@pytest.mark.parametrize("scale", (1.0, SCALE), ids=lambda s: f"scale{s}")
 @pytest.mark.parametrize("sk", RANGE_END_LENGTHS, ids=lambda n: f"sk{n}")
 @pytest.mark.parametrize("device_name", devices.device_params())
 @pytest.mark.parametrize("dtype_name", SOFTMAX_DTYPES)
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_softmax_range_end_scores(variant, dtype_name, device_name, sk):
-    """Scores near the dtype's range ends at scale 1 (the scale of post_scale_bias and ALiBi
-    calls: an additive mask of finfo(dtype).min in a fully masked row). For bf16, scale * log2 e
-    times such a score is past fp32's range; the row's softmax is still defined (1 / n on the n
-    columns holding its max, 0 elsewhere; softmax is shift-invariant) and the same-precision
-    composite computes it."""
+def test_softmax_range_end_scores(variant, dtype_name, device_name, sk, scale):
+    """Scores near the dtype's range ends (an additive mask of finfo(dtype).min in a fully masked
+    row, as post_scale_bias and ALiBi calls pass at scale 1 and pre_scale_bias ones at the
+    softmax scale). The row's softmax is still defined (1 / n on the n columns holding its max,
+    0 elsewhere: softmax is shift-invariant) and the same-precision composite computes it. For
+    bf16, scale * log2 e times such a score is past fp32's range (the CUDA kernels' base-2
+    exponent); for fp32 at a scale that fp32 does not hold exactly (0.7), a shift taken from
+    fl(scale * x) is ~1e31 off the argument formed in double (NaN rows on the CPU before
+    this test)."""
     _record(VARIANTS[variant][0], dtype_name, device_name, "range_end")
     device = devices.require(device_name)
     op, x, mask = _inputs(variant, sk, device, DTYPES[dtype_name], 2.0)
     x = _range_end_data(x)
     record.case(shapes={"x": list(x.shape)})
-    y, dx = _check_softmax(op, x, mask, 1.0)
+    y, dx = _check_softmax(op, x, mask, scale)
     assert not torch.isnan(y).any() and not torch.isnan(dx).any()
 
 

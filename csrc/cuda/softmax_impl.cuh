@@ -38,8 +38,8 @@
 // Precision. fp16/bf16: the exponent works in base 2 with the scale folded in,
 // exp2(fma(x, scale * log2 e, -max)) with the hardware's ex2 (relative error about 2^-22), in
 // fp32, and the sums are fp32 (forward_row says more). fp32 data keep the accurate expf of an
-// argument formed in double from the op's double scale (te_fast_rules::exp_shifted, as on the
-// CPU), and every sum of fp32 data is double. The final scaling y = e * (1 / sum) takes the
+// argument formed in double from the op's double scale, less the row's max of the same double
+// product (te_fast_rules::exp_shifted, as on the CPU), and every sum of fp32 data is double. The final scaling y = e * (1 / sum) takes the
 // double 1 / sum as a pair of floats (TimesInv): no double operation per element, and y is the
 // correctly rounded fp32 product but for one ulp about twice in 10^8 (and in ~1% of the results
 // under 2^-107; the CPU's double product is correctly rounded): the output keeps 24 bits. (A
@@ -351,14 +351,24 @@ __device__ __forceinline__ int row_limit(const SoftmaxFwdArgs& a, const RowPos& 
 }
 
 // e = exp(scale * x - max) of one kept value: base 2 with the scale folded in for fp16/bf16
-// (c = scale * log2 e), the accurate expf of a double argument for fp32 (the double scale).
+// (c = scale * log2 e; shift = the max of fl(x * c), a float), the accurate expf of a double
+// argument for fp32 (the double scale; shift = the max of scale * x in double: exp_shifted).
 template <typename T>
-__device__ __forceinline__ float exp_of(float x, float c, float shift, double scale) {
+__device__ __forceinline__ float exp_of(float x, float c, double shift, double scale) {
   if constexpr (kWide<T>) {
     return exp_shifted<true>(x, scale, shift);
   } else {
-    return exp2f(fmaf(x, c, -shift));
+    return exp2f(fmaf(x, c, -static_cast<float>(shift)));
   }
+}
+
+// fp32 rows find their max score as the max of key * x, key = the sign of the op's double scale
+// (exact), and take the exponent's shift as the max of scale * x in double from it (wide_shift),
+// the argument's own form (te_fast_rules::exp_shifted says why).
+__device__ __forceinline__ float wide_key(double scale) { return scale < 0.0 ? -1.f : 1.f; }
+// The shift of an fp32 row whose max of key * x over kept columns is kx (-inf: none kept, 0).
+__device__ __forceinline__ double wide_shift(float kx, double scale) {
+  return kx == -INFINITY ? 0.0 : static_cast<double>(kx * wide_key(scale)) * scale;
 }
 
 // e where bit `bit` of `on` is set (a kept column), else +0, without a branch: the caller computes
@@ -654,6 +664,7 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
   constexpr uint32_t kFull = V == 32 ? 0xffffffffu : (1u << V) - 1u;
   static_assert(kE <= 32, "the kept-column bits of a thread are one 32-bit word");
   const bool fast = !kWide<T> && c > 0.f;  // uniform across the row
+  const float key = kWide<T> ? wide_key(a.scale) : c;  // the max loop's factor (not fast)
   float v[kE];
   uint32_t on = 0;  // bit k * V + e: column e of chunk k is kept
   float mx = -INFINITY;
@@ -679,18 +690,20 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
     } else {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        mx = fmaxf(mx, bits >> e & 1u ? w[e] * c : -INFINITY);
+        mx = fmaxf(mx, bits >> e & 1u ? w[e] * key : -INFINITY);
       }
     }
   }
   mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
-  // fl(m * c) is the max of fl(x * c) when c > 0; all kept scores -inf: every e is 0.
+  // fast: fl(m * c) is the max of fl(x * c) (c > 0); fp16/bf16 otherwise: m is that max; fp32:
+  // m is the max of key * x (wide_shift). All kept scores -inf: every e is 0.
   float shift = mx == -INFINITY ? 0.f : (fast ? mx * c : mx);
   if (fast && shift_overflows(mx, c)) {  // (rare) x -> x - mx, shift 0: e = 1 where x == mx
 #pragma unroll
     for (int e = 0; e < kE; ++e) v[e] -= mx;
     shift = 0.f;
   }
+  const double general_shift = kWide<T> ? wide_shift(mx, a.scale) : shift;
   A part = 0;
   if (fast) {
 #pragma unroll
@@ -711,7 +724,7 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
       }
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        w[e] = keep_if(exp_of<T>(w[e], c, shift, a.scale), on, k * V + e);
+        w[e] = keep_if(exp_of<T>(w[e], c, general_shift, a.scale), on, k * V + e);
         part += w[e];
       }
     }
@@ -731,9 +744,10 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
 // up with HBM): masked columns become -inf, m = max x, e = 2^fma(x, c, -fl(m * c)) with
 // c = scale * log2 e (a masked -inf gives 0), y = e / sum e. The fma forms x * c - m exactly
 // before rounding, so large |x| lose nothing. Otherwise (fp32 data, or scale <= 0) masked
-// columns are tracked as bits and the max is taken of fl(x * c); fp32 takes the accurate expf of
-// an argument formed in double (exp_shifted), with sums in double and the final scaling by the
-// double 1 / sum split into two floats (TimesInv).
+// columns are tracked as bits and the max is taken of fl(x * c) (fp16/bf16) or of scale * x in
+// double (fp32, through wide_key and wide_shift); fp32 takes the accurate expf of an argument
+// formed in double (exp_shifted), with sums in double and the final scaling by the double
+// 1 / sum split into two floats (TimesInv).
 template <typename T, int V, int K, int G, int C, typename ChunkAt, typename MaskedAt,
           typename MaxSlots, typename SumSlots>
 __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row, int limit,
@@ -1101,9 +1115,11 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         Chunk<T, V>::store(y + col(k), e);
       }
     } else {
-      // fp32: forward_row_general's arithmetic (max of fl(x * c) over kept columns, the
-      // accurate expf of the double argument, double sums, TimesInv<double>).
+      // fp32: forward_row_general's arithmetic (the max of key * x over kept columns and the
+      // shift from it in double, wide_shift; the accurate expf of the double argument, double
+      // sums, TimesInv<double>).
       static_assert(K * V <= 32, "the kept-column bits of a thread are one 32-bit word");
+      const float key = wide_key(a.scale);
       uint32_t on = 0;  // bit k * V + e: column e of chunk k is kept
       float mx = -INFINITY;
 #pragma unroll
@@ -1115,11 +1131,11 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         Chunk<T, V>{xs[k * G + t]}.unpack(v);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          mx = fmaxf(mx, bits >> e & 1u ? v[e] * c : -INFINITY);  // a select, not a branch
+          mx = fmaxf(mx, bits >> e & 1u ? v[e] * key : -INFINITY);  // a select, not a branch
         }
       }
       mx = row_reduce<G, 1>(mx, MaxOp{}, max_slots);
-      const float shift = mx == -INFINITY ? 0.f : mx;
+      const double shift = wide_shift(mx, a.scale);
       Acc<T> part = 0;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
@@ -1137,8 +1153,9 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
       Acc<T> inv = sum == Acc<T>(0) ? Acc<T>(0) : Acc<T>(1) / sum;  // fully masked row -> 0
       if constexpr (C > 1) {
         // This CTA's e are exp(x * scale - m_r): y = e * exp(m_r - M) / S, with the row's max M
-        // and sum S = sum over ranks of s_r * exp(m_r - M) (double, in rank order).
-        const double2* pairs = xchg.swap(n, rank, mx, sum);
+        // and sum S = sum over ranks of s_r * exp(m_r - M) (double, in rank order). m_r is this
+        // CTA's shift, -inf where it keeps no column.
+        const double2* pairs = xchg.swap(n, rank, mx == -INFINITY ? -INFINITY : shift, sum);
         double row_mx = -INFINITY;
 #pragma unroll
         for (int r = 0; r < C; ++r) row_mx = fmax(row_mx, pairs[r].x);
@@ -1204,16 +1221,16 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, kBwdMinCtasPerSm<
 // write pass; the second pass re-reads the row (from L2 when it is still there).
 
 struct MaxSum {
-  float m;   // running max of fl(c * x)
+  double m;  // running max of fl(c * x) (fp16/bf16) or of scale * x in double (fp32: exp_shifted)
   double s;  // sum of exp(c * x - m)
   float r;   // running max of the kept x themselves (fp16/bf16: shift_overflows' test)
 };
 
-__device__ __forceinline__ float max_nan(float a, float b) { return (a != a || a > b) ? a : b; }
+__device__ __forceinline__ double max_nan(double a, double b) { return (a != a || a > b) ? a : b; }
 
 // exp(from - to) in the kernel's base: 2 for fp16/bf16 (log2 e is folded into c), e for fp32.
-__device__ __forceinline__ double rescale(float from, float to, bool two) {
-  const double d = static_cast<double>(from) - to;
+__device__ __forceinline__ double rescale(double from, double to, bool two) {
+  const double d = from - to;
   return two ? exp2(d) : exp(d);
 }
 
@@ -1222,18 +1239,18 @@ __device__ __forceinline__ double rescale(float from, float to, bool two) {
 template <typename T, int V>
 __device__ __forceinline__ void online_add(MaxSum& t, const float* x, uint32_t bits, float c,
                                            double scale, bool two) {
-  float cm = -INFINITY;
+  double cm = -INFINITY;
   float rm = -INFINITY;
 #pragma unroll
   for (int e = 0; e < V; ++e) {
     if (bits >> e & 1u) {
-      cm = max_nan(cm, x[e] * c);
+      cm = max_nan(cm, kWide<T> ? static_cast<double>(x[e]) * scale : x[e] * c);
       rm = fmaxf(rm, x[e]);
     }
   }
   t.r = fmaxf(t.r, rm);
   if (cm == -INFINITY) return;
-  const float m = max_nan(t.m, cm);
+  const double m = max_nan(t.m, cm);
   Acc<T> cs = 0;
 #pragma unroll
   for (int e = 0; e < V; ++e) cs += bits >> e & 1u ? exp_of<T>(x[e], c, m, scale) : 0.f;
@@ -1246,7 +1263,7 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b, bool two) {
   const float r = fmaxf(a.r, b.r);
   if (b.m == -INFINITY) return {a.m, a.s, r};
   if (a.m == -INFINITY) return {b.m, b.s, r};
-  const float m = max_nan(a.m, b.m);
+  const double m = max_nan(a.m, b.m);
   return {m, a.s * rescale(a.m, m, two) + b.s * rescale(b.m, m, two), r};
 }
 
