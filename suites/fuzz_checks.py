@@ -211,8 +211,11 @@ class SoftmaxExample:
     shape: x's shape ([b, h, sq, sk], or [attn_batches, sq, sk] for the upper-triangular op);
     mask_per_batch: the masked op's mask is [b, 1, sq, sk] (else [1, 1, sq, sk]);
     mask_density: share of masked columns; masked_row: a query row index whose every column is
-    masked (-1: none); neg_inf: share of scores set to -inf (only with scale > 0); *_layout:
-    memory layouts (see LAYOUTS).
+    masked (-1: none); neg_inf: share of scores set to -inf (only with scale > 0); range_end:
+    scores of 0.75 to 1 times the dtype's largest magnitude instead of ``magnitude``'s, one sign
+    a row (only with 0 < scale <= 1, where the same-precision reference stays finite; for bf16
+    the kernels' scale * log2 e times such a score is past fp32's range); *_layout: memory
+    layouts (see LAYOUTS).
     """
 
     op: str  # a forward op's public name, e.g. "scaled_masked_softmax"
@@ -229,6 +232,7 @@ class SoftmaxExample:
     mask_layout: str = "contiguous"
     neg_inf: float = 0.0
     seed: int = 0
+    range_end: bool = False
 
 
 def softmax_inputs(ex: SoftmaxExample, device) -> dict:
@@ -236,8 +240,13 @@ def softmax_inputs(ex: SoftmaxExample, device) -> dict:
     gen = torch.Generator().manual_seed(ex.seed)
     dtype = DTYPES[ex.dtype]
     x = torch.randn(ex.shape, generator=gen) * ex.magnitude
-    if dtype == torch.float16:
-        x = x.clamp(-6e4, 6e4)
+    if dtype == torch.float16:  # scale * x inside fp16's range, where the composite can judge it
+        limit = 6e4 / max(1.0, abs(ex.scale))
+        x = x.clamp(-limit, limit)
+    if ex.range_end:
+        sign = torch.where(torch.rand(ex.shape[:-1] + (1,), generator=gen) < 0.5, -1.0, 1.0)
+        u = 0.75 + 0.25 * torch.rand(ex.shape, generator=gen)
+        x = sign * u * torch.finfo(dtype).max
     if ex.neg_inf > 0:
         x = x.masked_fill(torch.rand(ex.shape, generator=gen) < ex.neg_inf, float("-inf"))
     x = place(x.to(device=device, dtype=dtype), ex.x_layout, gen)

@@ -108,8 +108,9 @@ MAGNITUDES = (1.0, 2.0, 30.0, 1e4)
 @st.composite
 def softmax_examples(draw, op: str, device: str):
     """x of any small shape: batch 0/1/more, zero query rows, sk = 0/1/odd/edge lengths (on
-    CUDA up to the two-pass kernel's rows), any memory layout, scale and magnitude; masks
-    broadcast or per batch, dense or sparse, with fully masked rows; -inf scores."""
+    CUDA up to the two-pass kernel's rows), any memory layout, scale and magnitude (scores near
+    the dtype's range ends one time in eight where 0 < scale <= 1); masks broadcast or per
+    batch, dense or sparse, with fully masked rows; -inf scores."""
     lengths = EDGE_LENGTHS + (CUDA_LONG_LENGTHS if device == "cuda" else ())
     sk = draw(st.one_of(st.sampled_from(lengths), st.integers(1, 300)))
     budget = 1 << (20 if device == "cuda" else 15)  # elements of x, so examples stay quick
@@ -139,6 +140,7 @@ def softmax_examples(draw, op: str, device: str):
         mask_layout=draw(st.sampled_from(LAYOUTS)) if masked else "contiguous",
         neg_inf=draw(st.sampled_from((0.0, 0.1, 1.0))) if scale > 0 else 0.0,
         seed=draw(st.integers(0, 2**16)),
+        range_end=draw(st.sampled_from((False,) * 7 + (True,))) if 0 < scale <= 1 else False,
     )
 
 
