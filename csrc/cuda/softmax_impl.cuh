@@ -39,12 +39,12 @@
 // exp2(fma(x, scale * log2 e, -max)) with the hardware's ex2 (relative error about 2^-22), in
 // fp32, and the sums are fp32 (forward_row says more). fp32 data keep the accurate expf of an
 // argument formed in double from the op's double scale, less the row's max of the same double
-// product (te_fast_rules::exp_shifted, as on the CPU), and every sum of fp32 data is double. The final scaling y = e * (1 / sum) takes the
-// double 1 / sum as a pair of floats (TimesInv): no double operation per element, and y is the
-// correctly rounded fp32 product but for one ulp about twice in 10^8 (and in ~1% of the results
-// under 2^-107; the CPU's double product is correctly rounded): the output keeps 24 bits. (A
-// float-pair exp argument with Kahan sums, tried on 2026-12-03, was 3-10 points faster but doubled
-// the fp32 error ratios.)
+// product (te_fast_rules::exp_shifted, as on the CPU), and every sum of fp32 data is double. The
+// final scaling y = e * (1 / sum) takes the double 1 / sum as a pair of floats (TimesInv): no
+// double operation per element, and y is the correctly rounded fp32 product but for one ulp about
+// twice in 10^8 (and in ~1% of the results under 2^-107; the CPU's double product is correctly
+// rounded): the output keeps 24 bits. (A float-pair exp argument with Kahan sums, tried on
+// 2026-12-03, was 3-10 points faster but doubled the fp32 error ratios.)
 #pragma once
 
 #include <cooperative_groups.h>
