@@ -33,7 +33,7 @@ from te_fast import ops as fast
 # and 131080 (two-pass). One element per access: 1, 7, 17, 500 (16-bit), 1023, 4099.
 ROW_LENGTHS = (
     1, 7, 16, 17, 40, 128, 256, 500, 1000, 1023, 4096, 4099, 16384, 20000, 33000, 70000, 131080
-)
+)  # fmt: skip
 SQUARE_MAX = {"cpu": 1000, "cuda": 4096}  # longest square [ab, s, s] upper-triangular case
 SCALE = 0.7
 
