@@ -58,17 +58,16 @@ void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T
       const bool* m = mode == te_fast_rules::kExplicitMask
                           ? mask + (row / (g.heads * g.sq)) * mask_batch_stride + i * g.sk
                           : nullptr;
-      float mx = kNegInf;  // the max of fl(scale * x), the exponent's shift for fp16/bf16 data
-      double mx_wide = -std::numeric_limits<double>::infinity();  // of scale_d * x: fp32 data's
+      // The exponent's shift: the max over kept columns of scale * x as exp_shifted forms it,
+      // fl(scale * x) for fp16/bf16 data, in double for fp32 data (te_fast_rules says why).
+      double shift = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < g.sk; ++j) {
         on[j] = j < limit && (m == nullptr || !m[j]);
         v[j] = static_cast<float>(xr[j]);
         if (on[j]) {
-          mx = std::fmax(mx, v[j] * scale);
-          if (kWide) mx_wide = std::fmax(mx_wide, static_cast<double>(v[j]) * scale_d);
+          shift = std::fmax(shift, kWide ? static_cast<double>(v[j]) * scale_d : v[j] * scale);
         }
       }
-      const double shift = kWide ? mx_wide : mx;  // (te_fast_rules::exp_shifted says why)
       double sum = 0.0;  // see kAccumulateNote
       for (int64_t j = 0; j < g.sk; ++j) {
         const bool live = on[j] && v[j] * scale != kNegInf;  // a -inf score counts as masked
