@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from reports.compare import (
     format_comparison,
 )
 from reports.merge import inconsistencies, merge_reports
-from reports.model import ReportError, failures, load_report, write_report
+from reports.model import ReportError, failures, interrupted, load_report, write_report
 from reports.render import render, summary_line
 from reports.verdict import Verdict
 
@@ -198,6 +199,12 @@ def _accept_command(new: Path, baseline: Path) -> str:
 
 
 def _update_baseline(report: dict, baseline: Path, force: bool) -> bool:
+    if interrupted(report) and not force:
+        print(
+            f"refusing to update the baseline {baseline}: the run was stopped early "
+            f"({interrupted(report)}) and its report is partial (pass --force to record it anyway)"
+        )
+        return False
     failing = len(failures(report))
     if failing and not force:
         print(
@@ -248,6 +255,31 @@ def _paths_given(args: list[str]) -> bool:
     return any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in args)
 
 
+def _run_pytest(cmd: list[str]) -> int:
+    """Run pytest and wait for it whatever signal comes, so that its report is rendered and gated.
+    SIGTERM (a CI job's time limit, `timeout`) is passed on: reports.plugin turns it into a Ctrl-C,
+    and pytest writes the cases that finished as a partial report. SIGINT is not: a terminal's
+    Ctrl-C reaches pytest by itself (pytest's own second Ctrl-C still stops it at once)."""
+    proc = subprocess.Popen(cmd)
+
+    def on_signal(signum, frame):
+        print(
+            f"\nreports: {signal.Signals(signum).name}: waiting for pytest to write the report of "
+            "the cases that finished",
+            file=sys.stderr,
+            flush=True,
+        )
+        if signum == signal.SIGTERM:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     """Run pytest with the plugin, render, compare with the baseline, print the verdict."""
     out = Path(args.out)
@@ -276,13 +308,18 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
         *pytest_args,
     ]
     print("+ " + shlex.join(cmd), flush=True)
-    rc = subprocess.call(cmd)
+    rc = _run_pytest(cmd)
     if not report_path.exists():
         print(f"error: pytest exited with code {rc} without writing {report_path}", file=sys.stderr)
         return rc or 2
     report = load_report(report_path)
+    stopped = interrupted(report)
 
     result, base_problem = _compare_with_baseline(report, report_path, baseline, args)
+    if result and stopped and result.items["missing"]:
+        # the cases that never ran are the stop's doing, said once in the verdict, not regressions
+        print(f"{len(result.items['missing'])} baseline case(s) did not run (stopped early)")
+        result.items["missing"] = []
     text = format_comparison(result, str(report_path), str(baseline)) if result else base_problem
     md, page = render(report, out, text)
 
@@ -299,6 +336,9 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     verdict = Verdict(
         failing=len(failures(report)),
         pytest_exit=rc,
+        interrupted=stopped or "",
+        reported=len(report["cases"]),
+        collected=report["summary"].get("collected"),
         regressions=result.regressions if result and not updated else 0,
         baseline=str(baseline),
         baseline_refused=args.update_baseline and not updated,

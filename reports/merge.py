@@ -37,7 +37,24 @@ def merge_reports(reports: list[tuple[str, dict]]) -> dict:
     environment = {**reports[0][1]["environment"], "shard": None, "shards": shards}
     # Shards run side by side, so the wall time of the whole is the slowest shard's.
     durations = [s["duration_s"] for s in shards if isinstance(s["duration_s"], (int, float))]
-    return build_report(cases, environment, max(durations) if durations else None)
+    # A shard that was stopped early makes the whole partial.
+    stopped = [
+        f"{source}: {r['summary']['interrupted']}"
+        for source, r in reports
+        if r["summary"].get("interrupted")
+    ]
+    # (a whole shard collected what it reports)
+    collected = [
+        r["summary"].get("collected") if r["summary"].get("interrupted") else len(r["cases"])
+        for _, r in reports
+    ]
+    return build_report(
+        cases,
+        environment,
+        max(durations) if durations else None,
+        interrupted="; ".join(stopped) or None,
+        collected=sum(collected) if stopped and None not in collected else None,
+    )
 
 
 def inconsistencies(merged: dict) -> list[str]:

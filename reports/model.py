@@ -28,25 +28,46 @@ def to_float(value: Any) -> float | None:
         return None
 
 
-def summarize(cases: list[dict], duration_s: float | None = None) -> dict:
-    """Counts per outcome (every outcome present, zeros included), total and wall time."""
+def summarize(
+    cases: list[dict],
+    duration_s: float | None = None,
+    interrupted: str | None = None,
+    collected: int | None = None,
+) -> dict:
+    """Counts per outcome (every outcome present, zeros included), total and wall time; for a run
+    that was stopped before its end, what stopped it (`interrupted`, e.g. "SIGTERM") and how many
+    tests it had collected: such a report is partial."""
     counts = Counter(c["outcome"] for c in cases)
     summary: dict = {o: counts.get(o, 0) for o in OUTCOMES}
     summary["total"] = len(cases)
     summary["duration_s"] = duration_s
+    if interrupted:
+        summary["interrupted"] = interrupted
+        summary["collected"] = collected
     return summary
 
 
-def build_report(cases: list[dict], environment: dict, duration_s: float | None = None) -> dict:
+def build_report(
+    cases: list[dict],
+    environment: dict,
+    duration_s: float | None = None,
+    interrupted: str | None = None,
+    collected: int | None = None,
+) -> dict:
     """A complete report dict (cases sorted by nodeid, summary computed)."""
     cases = sorted(cases, key=lambda c: c["nodeid"])
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "environment": environment,
-        "summary": summarize(cases, duration_s),
+        "summary": summarize(cases, duration_s, interrupted, collected),
         "cases": cases,
     }
+
+
+def interrupted(report: dict) -> str | None:
+    """What stopped the run before its end (a partial report), or None for a whole run."""
+    return report["summary"].get("interrupted") or None
 
 
 def validate(data: Any, source: str) -> dict:
@@ -69,6 +90,8 @@ def validate(data: Any, source: str) -> dict:
     for key, kind in (("environment", dict), ("summary", dict), ("cases", list)):
         if not isinstance(data.get(key), kind):
             raise bad(f"'{key}' is missing or not a {'list' if kind is list else 'object'}")
+    if not isinstance(data["summary"].get("interrupted") or "", str):
+        raise bad("'summary.interrupted' is not a string")
     for i, case in enumerate(data["cases"]):
         if not isinstance(case, dict) or not isinstance(case.get("nodeid"), str):
             raise bad(f"cases[{i}] has no 'nodeid'")

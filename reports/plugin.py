@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -53,15 +55,45 @@ def in_shard(nodeid: str, i: int, n: int) -> bool:
     return zlib.crc32(nodeid.encode()) % n == i - 1
 
 
+_stopped_by: list[str] = []  # the signal that ended this process's session early, if one did
+_previous_sigterm: list = []  # the SIGTERM handler _stop_on_sigterm replaced
+
+
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM as a Ctrl-C. A CI job's time limit (or `timeout`) sends SIGTERM, whose default kills
+    the process on the spot: no report, and the finished cases are lost. As KeyboardInterrupt it
+    ends the session the way Ctrl-C does, in xdist's controller and workers alike, and the
+    controller writes the cases that finished, marked partial. Later SIGTERMs are ignored so that
+    the report gets written (SIGKILL still stops everything)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    name = signal.Signals(signum).name
+    _stopped_by.append(name)
+    raise KeyboardInterrupt(f"stopped by {name}")
+
+
 def pytest_configure(config):
     shard = config.getoption("te_shard")
     if shard is not None:
         parse_shard(shard)
     path = config.getoption("te_report")
+    # Only with a report to write, only where nobody else handles SIGTERM (signal handlers live in
+    # the main thread); xdist hands the option to its workers too.
+    if (
+        path
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        _previous_sigterm.append(signal.signal(signal.SIGTERM, _stop_on_sigterm))
     # Under xdist only the controller writes: it sees every worker's reports.
     if path and not hasattr(config, "workerinput"):
         path = Path(config.invocation_params.dir, path)
         config.pluginmanager.register(ReportWriter(config, path), "te-conformance-writer")
+
+
+def pytest_unconfigure(config):
+    ours = (_stop_on_sigterm, signal.SIG_IGN) if _stopped_by else (_stop_on_sigterm,)
+    if _previous_sigterm and signal.getsignal(signal.SIGTERM) in ours:
+        signal.signal(signal.SIGTERM, _previous_sigterm.pop())
 
 
 @pytest.hookimpl(trylast=True)
@@ -263,7 +295,24 @@ class ReportWriter:
         )
 
     @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session):
-        cases = [self._case(nodeid, t) for nodeid, t in self.tests.items()]
-        report = build_report(cases, self.environment, round(time.time() - self.start, 3))
+    def pytest_sessionfinish(self, session, exitstatus):
+        stopped = None
+        if _stopped_by:
+            stopped = _stopped_by[0]
+        elif exitstatus == pytest.ExitCode.INTERRUPTED:
+            stopped = "KeyboardInterrupt"
+        # A test the stop caught between its setup and its result has no outcome: it did not
+        # finish, like those that never started (otherwise no outcome is an error: _case).
+        cases = [
+            self._case(nodeid, t)
+            for nodeid, t in self.tests.items()
+            if t["outcome"] is not None or not stopped
+        ]
+        report = build_report(
+            cases,
+            self.environment,
+            round(time.time() - self.start, 3),
+            interrupted=stopped,
+            collected=session.testscollected if stopped else None,
+        )
         write_report(report, self.path)

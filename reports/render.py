@@ -82,8 +82,12 @@ def summary_line(report: dict) -> str:
             f"({short_name(case['nodeid'])}, {t.get('name', '?')})"
         )
     took = f" in {dur:.1f} s" if dur is not None else ""
+    state = "FAIL" if failed else "PASS"
+    if s.get("interrupted"):  # a partial report passes nothing
+        collected = f", {s['collected']} collected" if s.get("collected") is not None else ""
+        state = f"{'FAIL, ' if failed else ''}INCOMPLETE (stopped by {s['interrupted']}{collected})"
     return (
-        f"Tests {'FAIL' if failed else 'PASS'}: {outcome_counts(s)} "
+        f"Tests {state}: {outcome_counts(s)} "
         f"of {s.get('total', len(report['cases']))} cases{took}{worst}"
     )
 
@@ -480,7 +484,8 @@ def _html_table(t: Table) -> str:
 def render_html(report: dict, comparison: str | None = None, mutation: dict | None = None) -> str:
     """One self-contained HTML page: inline CSS, plots as data: URIs, nothing fetched."""
     e = html.escape
-    status = "FAIL" if any(c["outcome"] in FAILING for c in report["cases"]) else "PASS"
+    failed = any(c["outcome"] in FAILING for c in report["cases"])
+    status = "FAIL" if failed or report["summary"].get("interrupted") else "PASS"
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>TE conformance report</title><style>{CSS}</style></head><body>",

@@ -15,15 +15,27 @@ class Verdict:
     baseline: str = ""  # the baseline's path, for the reasons
     baseline_refused: bool = False  # --update-baseline was asked for and refused
     no_baseline: bool = False  # a comparison was wanted, but there is no usable baseline
+    interrupted: str = ""  # what stopped the run early ("SIGTERM", "KeyboardInterrupt"), if it was
+    reported: int = 0  # cases in the report (of a stopped run: those that finished)
+    collected: int | None = None  # tests pytest had collected (known for a stopped run)
 
     @property
     def reasons(self) -> list[str]:
         """Why the verdict is FAIL, one line each (empty for PASS)."""
-        # pytest exits 1 exactly when tests failed: the failing count says it better
-        pytest_failed = self.pytest_exit != 0 and not (self.pytest_exit == 1 and self.failing)
+        # pytest exits 1 exactly when tests failed: the failing count says it better; 2 is the
+        # interruption, which its own line says
+        pytest_failed = self.pytest_exit != 0 and not (
+            (self.pytest_exit == 1 and self.failing) or (self.pytest_exit == 2 and self.interrupted)
+        )
+        of = f" of {self.collected} collected" if self.collected is not None else ""
         return [
             message
             for wrong, message in (
+                (
+                    self.interrupted,
+                    f"stopped early ({self.interrupted}): the report is partial, "
+                    f"{self.reported} case(s){of}",
+                ),
                 (self.failing, f"{self.failing} failing case(s)"),
                 (pytest_failed, f"pytest exited with code {self.pytest_exit}"),
                 (self.regressions, f"{self.regressions} regression(s) against {self.baseline}"),
@@ -40,9 +52,9 @@ class Verdict:
     @property
     def exit_code(self) -> int:
         """0 pass; 1 failing cases, regressions or a refused update; else pytest's own code
-        (1, interrupted, usage error, no tests); 2 without a usable baseline."""
+        (1, 2 interrupted, usage error, no tests); 2 stopped early or without a usable baseline."""
         if self.failing or self.regressions or self.baseline_refused:
             return 1
         if self.pytest_exit != 0:
             return self.pytest_exit
-        return 2 if self.no_baseline else 0
+        return 2 if self.no_baseline or self.interrupted else 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,74 @@ def test_run_gates_on_the_baseline(tmp_path):
     refused = run_cli(suite, out, "--baseline", str(base), "--update-baseline")
     assert refused.returncode == 1 and "refusing to update the baseline" in refused.stdout
     assert load_report(base)["summary"]["failed"] == 0
+
+
+SLOW_SUITE = """
+import os, time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_quick(i):
+    Path(os.environ["TE_TEST_MARKS"], f"quick{i}").touch()
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_slow(i):
+    Path(os.environ["TE_TEST_MARKS"], f"slow{i}").touch()
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("target", ["group", "parent"])
+def test_stopped_run_leaves_a_partial_report(tmp_path, target):
+    """SIGTERM to the process group (a CI time limit, `timeout`) or to `reports run` alone: the
+    cases that finished are written, marked partial, and gated FAIL; the slow tests the stop
+    caught are left out; no test runs on to its end."""
+    suite = tmp_path / "suite"
+    marks = tmp_path / "marks"
+    suite.mkdir()
+    marks.mkdir()
+    (suite / "test_slow.py").write_text(SLOW_SUITE)
+    (suite / "pytest.ini").write_text("[pytest]\n")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "reports", "run", "--out", str(out), "--no-compare", "-n", "2",
+           "-p", "no:cacheprovider", "--rootdir", str(suite), "-c", str(suite / "pytest.ini"),
+           str(suite)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=suite,
+        env=child_env(TE_TEST_MARKS=str(marks)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as under `timeout`
+    )
+    try:
+        # Both workers in a slow test: each has sent the results of its quick tests before.
+        deadline = time.monotonic() + 90
+        while len(list(marks.glob("slow*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sorted(p.name for p in marks.glob("quick*")) == [f"quick{i}" for i in range(4)]
+        time.sleep(1.0)  # for the controller to take them in
+        if target == "group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=45)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, stdout
+    report = load_report(out / "report.json")
+    assert report["summary"]["interrupted"] == "SIGTERM"
+    assert report["summary"]["collected"] == 8
+    outcomes = {c["nodeid"]: c["outcome"] for c in report["cases"]}
+    assert outcomes == {f"test_slow.py::test_quick[{i}]": "passed" for i in range(4)}, outcomes
+    verdict = stdout.split("TE conformance verdict")[1]
+    assert verdict.splitlines()[1] == "FAIL"
+    assert "Tests INCOMPLETE (stopped by SIGTERM, 8 collected): 4 passed of 4 cases" in verdict
+    assert "stopped early (SIGTERM): the report is partial, 4 case(s) of 8 collected" in verdict
+    assert "INCOMPLETE (stopped by SIGTERM" in (out / "report.md").read_text()

@@ -215,6 +215,44 @@ def test_merge_is_lossless_and_rejects_duplicates(tmp_path, capsys):
     assert "is in both" in capsys.readouterr().err
 
 
+def test_a_partial_report_stays_partial(tmp_path, capsys):
+    """A run stopped early (summary.interrupted): its headline says so and passes nothing, a merge
+    with it is partial, it cannot become the baseline without --force, and the field is checked."""
+    whole = report(*BASE["cases"][:3], shard="1/2")
+    stopped = build_report(
+        [c for c in BASE["cases"][3:] if c["outcome"] == "passed"],
+        {"machine_class": "cpu", "shard": "2/2"},
+        1.0,
+        interrupted="SIGTERM",
+        collected=9,
+    )
+    assert stopped["summary"]["interrupted"] == "SIGTERM"
+    assert "interrupted" not in whole["summary"]  # a whole run's summary is as it was
+    assert summary_line(stopped).startswith(
+        "Tests INCOMPLETE (stopped by SIGTERM, 9 collected): 3 passed of 3 cases"
+    )
+    assert summary_line(whole).startswith("Tests PASS")
+    assert '<p class="verdict FAIL">Tests INCOMPLETE' in render_html(stopped)
+
+    merged = merge_reports([("a.json", whole), ("b.json", stopped)])
+    assert merged["summary"]["interrupted"] == "b.json: SIGTERM"
+    assert merged["summary"]["collected"] == 3 + 9
+    assert "interrupted" not in merge_reports([("a.json", whole)])["summary"]
+
+    base = write(tmp_path, "base.json", BASE)
+    partial = write(tmp_path, "new.json", stopped)
+    assert main(["compare", partial, base, "--update-baseline"]) == 1
+    assert "the run was stopped early (SIGTERM) and its report is partial" in (
+        capsys.readouterr().out
+    )
+    assert load_report(base) == BASE
+    assert main(["compare", partial, base, "--update-baseline", "--force"]) == 0
+
+    bad = write(tmp_path, "bad.json", {**BASE, "summary": {**BASE["summary"], "interrupted": 15}})
+    with pytest.raises(ReportError, match="'summary.interrupted' is not a string"):
+        load_report(bad)
+
+
 # ---------------------------------------------------------------- render
 
 RICH = report(
@@ -340,7 +378,7 @@ def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, mon
         write_report(report(case("suites/test_attention.py::t[x-transformer_engine]")), out)
         return 0
 
-    monkeypatch.setattr(cli.subprocess, "call", fake_pytest)
+    monkeypatch.setattr(cli, "_run_pytest", fake_pytest)
     monkeypatch.chdir(cli.Path(__file__).resolve().parents[1])  # the repository: suites/ exists
     out = str(tmp_path / "out")
     args = ["run", "--out", out, "--machine-class", "h200", "--impl", "transformer_engine"]

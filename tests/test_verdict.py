@@ -20,6 +20,18 @@ CASES = {
     "interrupted_after_failures": (
         dict(failing=1, pytest_exit=2), 1, ["1 failing case(s)", "pytest exited with code 2"],
     ),
+    "stopped_by_sigterm": (
+        dict(pytest_exit=2, interrupted="SIGTERM", reported=20, collected=40), 2,
+        ["stopped early (SIGTERM): the report is partial, 20 case(s) of 40 collected"],
+    ),
+    "stopped_after_failures": (
+        dict(failing=2, pytest_exit=2, interrupted="SIGTERM", reported=7), 1,
+        ["stopped early (SIGTERM): the report is partial, 7 case(s)", "2 failing case(s)"],
+    ),
+    "stopped_though_pytest_said_0": (
+        dict(interrupted="KeyboardInterrupt", reported=3, collected=3), 2,
+        ["stopped early (KeyboardInterrupt): the report is partial, 3 case(s) of 3 collected"],
+    ),
     "regressions": (dict(regressions=2), 1, [f"2 regression(s) against {BASE}"]),
     "refused_update": (dict(baseline_refused=True), 1, ["baseline not updated"]),
     "no_baseline": (dict(no_baseline=True), 2, ["no usable baseline to compare with"]),

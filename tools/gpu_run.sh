@@ -80,7 +80,7 @@ fi
 if [ $# -gt 0 ]; then
   $PY -m reports run --out "$OUT/report" "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v -E "^\.|^s|PASSED|SKIPPED" | tail -60
   pytest_rc=${PIPESTATUS[0]}
-  echo "reports run: exit $pytest_rc (0 pass, 1 failures or regressions, 2 baseline problem)"
+  echo "reports run: exit $pytest_rc (0 pass, 1 failures or regressions, 2 baseline problem or stopped early)"
   [ "$pytest_rc" -eq 0 ] || { failed+=" pytest"; final=1; }
 fi
 if [ $sanitize -eq 1 ]; then
