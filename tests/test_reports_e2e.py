@@ -340,3 +340,20 @@ def test_stopped_run_leaves_a_partial_report(tmp_path, target):
     assert "Tests INCOMPLETE (stopped by SIGTERM, 8 collected): 4 passed of 4 cases" in verdict
     assert "stopped early (SIGTERM): the report is partial, 4 case(s) of 8 collected" in verdict
     assert "INCOMPLETE (stopped by SIGTERM" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("value", ["", "0", "5m", "-3"])
+def test_gpu_run_timeout_takes_seconds(tmp_path, value):
+    """tools/gpu_run.sh --timeout S bounds its pytest run (a partial report at S): a value that is
+    not a positive count of seconds stops it before anything runs."""
+    args = ["--timeout", value] if value else ["--timeout"]
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_run.sh"), *args, "--", "-q"],
+        env=child_env(OUT=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--timeout takes seconds" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no step ran

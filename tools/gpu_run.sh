@@ -4,7 +4,9 @@
 # (tools/sanitize.sh, beside the pytest run), ncu on the standing kernel list
 # (tools/ncu_softmax.py --table into $OUT/ncu.txt) and the benchmark; every log lands in $OUT
 # (default ./gpu_out). Exits non-zero when any step failed.
-#   tools/gpu_run.sh [--sanitize] [--ncu] [--bench] [--] [python -m reports run arguments ...]
+#   tools/gpu_run.sh [--sanitize] [--ncu] [--bench] [--timeout S] [--] [python -m reports run args]
+# --timeout S stops the pytest run after S seconds (SIGTERM): the report then holds the cases that
+# finished, marked partial, and the step fails; the steps after it still run.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -13,11 +15,15 @@ PY=${PYTHON:-python3}
 bench=0
 ncu=0
 sanitize=0
+limit=()  # the pytest run's time limit (--timeout)
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=1; shift ;;
     --ncu) ncu=1; shift ;;
     --sanitize) sanitize=1; shift ;;
+    --timeout)
+      [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_run: --timeout takes seconds" >&2; exit 2; }
+      limit=(timeout "$2"); shift 2 ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -78,9 +84,9 @@ if [ $sanitize -eq 1 ]; then
   echo "sanitize: compute-sanitizer ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck} started (logs in $OUT/sanitize)"
 fi
 if [ $# -gt 0 ]; then
-  $PY -m reports run --out "$OUT/report" "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v -E "^\.|^s|PASSED|SKIPPED" | tail -60
+  "${limit[@]}" $PY -m reports run --out "$OUT/report" "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v -E "^\.|^s|PASSED|SKIPPED" | tail -60
   pytest_rc=${PIPESTATUS[0]}
-  echo "reports run: exit $pytest_rc (0 pass, 1 failures or regressions, 2 baseline problem or stopped early)"
+  echo "reports run: exit $pytest_rc (0 pass, 1 failures or regressions, 2 baseline problem or stopped early, 124 --timeout)"
   [ "$pytest_rc" -eq 0 ] || { failed+=" pytest"; final=1; }
 fi
 if [ $sanitize -eq 1 ]; then
