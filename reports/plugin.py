@@ -94,6 +94,7 @@ def pytest_unconfigure(config):
     ours = (_stop_on_sigterm, signal.SIG_IGN) if _stopped_by else (_stop_on_sigterm,)
     if _previous_sigterm and signal.getsignal(signal.SIGTERM) in ours:
         signal.signal(signal.SIGTERM, _previous_sigterm.pop())
+    _stopped_by.clear()  # a later session in this process (pytester) starts unstopped
 
 
 @pytest.hookimpl(trylast=True)
