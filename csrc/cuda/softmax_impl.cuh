@@ -695,20 +695,27 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
     }
   }
   mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
-  // fast: fl(m * c) is the max of fl(x * c) (c > 0); fp16/bf16 otherwise: m is that max; fp32:
-  // m is the max of key * x (wide_shift). All kept scores -inf: every e is 0.
-  float shift = mx == -INFINITY ? 0.f : (fast ? mx * c : mx);
-  if (fast && shift_overflows(mx, c)) {  // (rare) x -> x - mx, shift 0: e = 1 where x == mx
+  // The exponent's shift. fp32: m is the max of key * x, the shift scale * m in double
+  // (wide_shift). fp16/bf16: fl(m * c), the max of fl(x * c), when fast (c > 0); m itself, that
+  // max, otherwise (a float held in the double exactly). All kept scores -inf: every e is 0.
+  double shift;
+  if constexpr (kWide<T>) {
+    shift = wide_shift(mx, a.scale);
+  } else {
+    float narrow = mx == -INFINITY ? 0.f : (fast ? mx * c : mx);
+    if (fast && shift_overflows(mx, c)) {  // (rare) x -> x - mx, shift 0: e = 1 where x == mx
 #pragma unroll
-    for (int e = 0; e < kE; ++e) v[e] -= mx;
-    shift = 0.f;
+      for (int e = 0; e < kE; ++e) v[e] -= mx;
+      narrow = 0.f;
+    }
+    shift = narrow;
   }
-  const double general_shift = kWide<T> ? wide_shift(mx, a.scale) : shift;
   A part = 0;
   if (fast) {
+    const float narrow = static_cast<float>(shift);  // exact: shift was a float
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
-      v[e] = fast_exp2(fmaf(v[e], c, -shift));
+      v[e] = fast_exp2(fmaf(v[e], c, -narrow));
       part += v[e];
     }
   } else {
@@ -724,7 +731,7 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
       }
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        w[e] = keep_if(exp_of<T>(w[e], c, general_shift, a.scale), on, k * V + e);
+        w[e] = keep_if(exp_of<T>(w[e], c, shift, a.scale), on, k * V + e);
         part += w[e];
       }
     }
