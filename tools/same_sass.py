@@ -12,6 +12,9 @@ comment) that compiles to the same SASS runs the same instructions on the same d
 bits and the same speed, proven without a GPU. A change that is meant to alter the code is what
 tools/gpu_ab.sh measures.
 
+It compares device code only: a change to the host side of a .cu (which kernel a launcher picks,
+the grid it sizes) is not seen, and needs tools/softmax_bits.py and the benchmark on a GPU.
+
 The comparison is of the whole disassembly, with the assembler's local labels (.L_x_N, numbered
 across a file) renumbered in their order of appearance, so that a kernel's labels do not depend
 on the kernels before it; the kernels that differ are named.
@@ -163,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         diff = compare(b, n)
         kernels = len(functions(n))
         if not diff:
-            print(f"{src}: same machine code ({kernels} kernels)")
+            what_same = f"{kernels} kernels" if kernels else "no kernels: its host code is not compared"
+            print(f"{src}: same machine code ({what_same})")
             continue
         differ += 1
         print(f"{src}: DIFFERS from {what} in {len(diff)} of {kernels} kernels")
