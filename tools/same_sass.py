@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         diff = compare(b, n)
         kernels = len(functions(n))
         if not diff:
-            what_same = f"{kernels} kernels" if kernels else "no kernels: its host code is not compared"
+            what_same = f"{kernels} kernels" if kernels else "no kernels: host code not compared"
             print(f"{src}: same machine code ({what_same})")
             continue
         differ += 1
