@@ -664,6 +664,9 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
   constexpr uint32_t kFull = V == 32 ? 0xffffffffu : (1u << V) - 1u;
   static_assert(kE <= 32, "the kept-column bits of a thread are one 32-bit word");
   const bool fast = !kWide<T> && c > 0.f;  // uniform across the row
+  // fp32 at scale > 0 (key 1): masked columns already hold -inf (below), which is their key * x,
+  // so the max takes no select, and the exponential no keep_if: expf of -inf is the +0 it gives.
+  const bool plain = fast || (kWide<T> && a.scale > 0.0);
   const float key = kWide<T> ? wide_key(a.scale) : c;  // the max loop's factor (not fast)
   float v[kE];
   uint32_t on = 0;  // bit k * V + e: column e of chunk k is kept
@@ -684,7 +687,7 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
 #pragma unroll
       for (int e = 0; e < V; ++e) w[e] = bits >> e & 1u ? w[e] : -INFINITY;
     }
-    if (fast) {
+    if (plain) {
 #pragma unroll
       for (int e = 0; e < V; ++e) mx = fmaxf(mx, w[e]);
     } else {
@@ -729,10 +732,18 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
         for (int e = 0; e < V; ++e) w[e] = 0.f;
         continue;
       }
+      if (kWide<T> && plain) {
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        w[e] = keep_if(exp_of<T>(w[e], c, shift, a.scale), on, k * V + e);
-        part += w[e];
+        for (int e = 0; e < V; ++e) {
+          w[e] = exp_of<T>(w[e], c, shift, a.scale);
+          part += w[e];
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          w[e] = keep_if(exp_of<T>(w[e], c, shift, a.scale), on, k * V + e);
+          part += w[e];
+        }
       }
     }
   }
@@ -754,7 +765,8 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
 // columns are tracked as bits and the max is taken of fl(x * c) (fp16/bf16) or of scale * x in
 // double (fp32, through wide_key and wide_shift); fp32 takes the accurate expf of an argument
 // formed in double (exp_shifted), with sums in double and the final scaling by the double
-// 1 / sum split into two floats (TimesInv).
+// 1 / sum split into two floats (TimesInv). fp32 at scale > 0 needs no bits: a masked column's
+// -inf is its own key * x and its expf is +0.
 template <typename T, int V, int K, int G, int C, typename ChunkAt, typename MaskedAt,
           typename MaxSlots, typename SumSlots>
 __device__ __forceinline__ void forward_row(const SoftmaxFwdArgs& a, int64_t row, int limit,
