@@ -2,7 +2,8 @@
 
 The comparison on canned nvdisasm text (label renumbering, the kernels named), then the real
 thing on one source with nvcc and nvdisasm: an unchanged copy and a comment-only edit are the
-same machine code, a changed constant is not, and the kernels it touches are named. The real
+same machine code, a changed constant is not, and the kernels it touches are named; a base that
+does not compile cannot be compared (exit 2). The real
 runs skip where nvcc or nvdisasm is absent, but not under CI=true (.ci/run installs nvdisasm)."""
 
 from __future__ import annotations
@@ -102,3 +103,12 @@ def test_real_sass(tmp_path, capsys, tools_found, edit, rc):
     else:
         assert f"{FILE}: DIFFERS from {tmp_path}" in out
         assert "softmax_fwd_rows<float, 4, 2, 16, 1, true, 1536>" in out  # a direct fp32 kernel
+
+
+def test_a_compile_error_cannot_compare(tmp_path, capsys, tools_found):
+    shutil.copytree(ROOT / "csrc", tmp_path / "csrc")
+    with open(tmp_path / "csrc" / "cuda" / FILE, "a") as f:
+        f.write("\n#error the base does not compile\n")
+    assert same_sass.main(["--base-dir", str(tmp_path), "--files", FILE, *tools_found]) == 2
+    err = capsys.readouterr().err
+    assert f"same_sass: nvcc failed on {tmp_path / 'csrc' / 'cuda' / FILE}" in err

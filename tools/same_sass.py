@@ -88,14 +88,16 @@ def find_nvdisasm(given: str | None) -> str | None:
 
 
 def disassemble(nvcc: str, nvdisasm: str, csrc: Path, src: str, tmp: Path) -> str:
-    """SASS of csrc/cuda/SRC; raises SystemExit(2) on a compile error."""
+    """SASS of csrc/cuda/SRC; SystemExit(2) when nvcc or nvdisasm fails."""
     cubin = tmp / (src.replace("/", "_") + ".cubin")
     cmd = [nvcc, *SASS_FLAGS, f"-I{csrc}", "-cubin", str(csrc / "cuda" / src), "-o", str(cubin)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout + done.stderr)
-        raise SystemExit(f"same_sass: nvcc failed on {csrc / 'cuda' / src} (exit 2)")
-    return subprocess.run([nvdisasm, str(cubin)], capture_output=True, text=True, check=True).stdout
+    for tool, run in (("nvcc", cmd), ("nvdisasm", [nvdisasm, str(cubin)])):
+        done = subprocess.run(run, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.stderr.write(done.stdout + done.stderr)
+            print(f"same_sass: {tool} failed on {csrc / 'cuda' / src}", file=sys.stderr)
+            raise SystemExit(2)
+    return done.stdout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             (tmp / side).mkdir(exist_ok=True)
             return disassemble(args.nvcc, nvdisasm, root, src, tmp / side)
 
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            sass = dict(zip(jobs, pool.map(one, jobs)))
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+                sass = dict(zip(jobs, pool.map(one, jobs)))
+        except SystemExit as failed:  # a compile or disassembly error (said on stderr)
+            return int(failed.code)
     what = args.base_dir or args.base
     differ = 0
     for src in sources:
