@@ -1,10 +1,10 @@
 """tools/same_sass.py: a kernel refactor proven to compile to the same SASS, without a GPU.
 
-The comparison on canned nvdisasm text (label renumbering, the kernels named), then the real
-thing on one source with nvcc and nvdisasm: an unchanged copy and a comment-only edit are the
-same machine code, a changed constant is not, and the kernels it touches are named; a base that
-does not compile cannot be compared (exit 2). The real
-runs skip where nvcc or nvdisasm is absent, but not under CI=true (.ci/run installs nvdisasm)."""
+The comparison on canned nvdisasm text (label renumbering, the kernels named), then the real thing
+on one source with nvcc and nvdisasm: an unchanged copy and a comment-only edit are the same machine
+code, a changed constant is not, and the kernels it touches are named; a base that does not compile
+cannot be compared (exit 2). The real runs skip where nvcc or nvdisasm is absent, but not under
+CI=true (.ci/run installs nvdisasm)."""
 
 from __future__ import annotations
 
