@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reports.model import ReportError, build_report
+from reports.model import ReportError, build_report, interrupted
 
 
 def merge_reports(reports: list[tuple[str, dict]]) -> dict:
@@ -38,15 +38,10 @@ def merge_reports(reports: list[tuple[str, dict]]) -> dict:
     # Shards run side by side, so the wall time of the whole is the slowest shard's.
     durations = [s["duration_s"] for s in shards if isinstance(s["duration_s"], (int, float))]
     # A shard that was stopped early makes the whole partial.
-    stopped = [
-        f"{source}: {r['summary']['interrupted']}"
-        for source, r in reports
-        if r["summary"].get("interrupted")
-    ]
+    stopped = [f"{source}: {interrupted(r)}" for source, r in reports if interrupted(r)]
     # (a whole shard collected what it reports)
     collected = [
-        r["summary"].get("collected") if r["summary"].get("interrupted") else len(r["cases"])
-        for _, r in reports
+        r["summary"].get("collected") if interrupted(r) else len(r["cases"]) for _, r in reports
     ]
     return build_report(
         cases,

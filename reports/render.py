@@ -18,6 +18,7 @@ from reports.model import (
     field,
     fmt_num,
     fmt_ratio,
+    interrupted,
     ratio_of,
     to_float,
     worst_ratio,
@@ -83,9 +84,9 @@ def summary_line(report: dict) -> str:
         )
     took = f" in {dur:.1f} s" if dur is not None else ""
     state = "FAIL" if failed else "PASS"
-    if s.get("interrupted"):  # a partial report passes nothing
+    if stopped := interrupted(report):  # a partial report passes nothing
         collected = f", {s['collected']} collected" if s.get("collected") is not None else ""
-        state = f"{'FAIL, ' if failed else ''}INCOMPLETE (stopped by {s['interrupted']}{collected})"
+        state = f"{'FAIL, ' if failed else ''}INCOMPLETE (stopped by {stopped}{collected})"
     return (
         f"Tests {state}: {outcome_counts(s)} "
         f"of {s.get('total', len(report['cases']))} cases{took}{worst}"
@@ -485,7 +486,7 @@ def render_html(report: dict, comparison: str | None = None, mutation: dict | No
     """One self-contained HTML page: inline CSS, plots as data: URIs, nothing fetched."""
     e = html.escape
     failed = any(c["outcome"] in FAILING for c in report["cases"])
-    status = "FAIL" if failed or report["summary"].get("interrupted") else "PASS"
+    status = "FAIL" if failed or interrupted(report) else "PASS"
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>TE conformance report</title><style>{CSS}</style></head><body>",
