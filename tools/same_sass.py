@@ -87,16 +87,19 @@ def find_nvdisasm(given: str | None) -> str | None:
     return str(wheel) if wheel.is_file() else None
 
 
+class ToolFailed(Exception):
+    """nvcc or nvdisasm failed (its output is on stderr)."""
+
+
 def disassemble(nvcc: str, nvdisasm: str, csrc: Path, src: str, tmp: Path) -> str:
-    """SASS of csrc/cuda/SRC; SystemExit(2) when nvcc or nvdisasm fails."""
+    """SASS of csrc/cuda/SRC; ToolFailed when nvcc or nvdisasm fails."""
     cubin = tmp / (src.replace("/", "_") + ".cubin")
     cmd = [nvcc, *SASS_FLAGS, f"-I{csrc}", "-cubin", str(csrc / "cuda" / src), "-o", str(cubin)]
     for tool, run in (("nvcc", cmd), ("nvdisasm", [nvdisasm, str(cubin)])):
         done = subprocess.run(run, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stdout + done.stderr)
-            print(f"same_sass: {tool} failed on {csrc / 'cuda' / src}", file=sys.stderr)
-            raise SystemExit(2)
+            raise ToolFailed(f"same_sass: {tool} failed on {csrc / 'cuda' / src}")
     return done.stdout
 
 
@@ -158,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
                 sass = dict(zip(jobs, pool.map(one, jobs)))
-        except SystemExit as failed:  # a compile or disassembly error (said on stderr)
-            return int(failed.code)
+        except ToolFailed as failed:
+            print(failed, file=sys.stderr)
+            return 2
     what = args.base_dir or args.base
     differ = 0
     for src in sources:
