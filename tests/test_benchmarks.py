@@ -285,8 +285,8 @@ def test_ab_bad_arguments_exit_2(tmp_path, capsys):
 
 
 def test_gpu_ab_refuses_cleanly_without_a_gpu(tmp_path):
-    """tools/gpu_ab.sh: usage and argument errors, and no CUDA device, all exit 2 with a reason
-    (before copying or building anything)."""
+    """tools/gpu_ab.sh: usage and argument errors (candidates included), and no CUDA device, all
+    exit 2 with a reason (before copying or building anything)."""
     script = ROOT / "tools" / "gpu_ab.sh"
     base = tmp_path / "base"
     (base / "csrc").mkdir(parents=True)
@@ -301,6 +301,14 @@ def test_gpu_ab_refuses_cleanly_without_a_gpu(tmp_path):
     assert missing.returncode == 2 and "is not a folder" in missing.stderr
     rounds = run(str(base), "--rounds", "0")
     assert rounds.returncode == 2 and "positive count" in rounds.stderr
+    no_count = run(str(base), "--rounds")
+    assert no_count.returncode == 2 and "positive count" in no_count.stderr
+    candidate = run(str(base), str(base), str(tmp_path / "nothing"))
+    assert candidate.returncode == 2 and "nothing/csrc is not a folder" in candidate.stderr
+    many = run(*[str(base)] * 8)  # a base and seven candidates
+    assert many.returncode == 2 and "at most six candidates" in many.stderr
+    unknown = run(str(base), "--round", "2")
+    assert unknown.returncode == 2 and "unknown argument --round" in unknown.stderr
     if not torch.cuda.is_available():
         done = run(str(base))
         assert done.returncode == 2 and "no CUDA device" in done.stderr

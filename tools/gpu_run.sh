@@ -31,10 +31,10 @@ done
 failed=""  # the steps that failed; the exit code is the benchmark's own when only it failed
 final=0
 
-if [ -d .whl ]; then  # wheels carried to a machine without a registry
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+CC0=${CC:-} CXX0=${CXX:-}  # as given, for env.txt
+# shellcheck source=tools/gpu_env.sh
+. "$(dirname "$(readlink -f "$0")")/gpu_env.sh"
+gpu_env /tmp/site  # the carried wheels; the distribution's g++ (see gpu_env.sh)
 
 {
   date -u
@@ -43,16 +43,13 @@ fi
   $PY -m pip list 2>/dev/null | grep -i -E "^(torch|pytest|pytest-xdist|matplotlib|numpy|ninja|expecttest|hypothesis) "
   $PY -c "import hypothesis; print('hypothesis', hypothesis.__version__)" 2>&1 | tail -1
   command -v ninja nvcc compute-sanitizer
-  echo "CC=${CC:-} CXX=${CXX:-}"; ${CXX:-g++} --version | head -1; /usr/bin/g++ --version 2>&1 | head -1
-  file -L "${CXX:-/usr/bin/g++}" 2>/dev/null; head -c 400 "${CXX:-/dev/null}" 2>/dev/null | strings | head -5
+  echo "CC=$CC0 CXX=$CXX0 (given), CC=${CC:-} CXX=${CXX:-} (used)"; ${CXX0:-g++} --version | head -1
+  /usr/bin/g++ --version 2>&1 | head -1
+  file -L "${CXX0:-/usr/bin/g++}" 2>/dev/null; head -c 400 "${CXX0:-/dev/null}" 2>/dev/null | strings | head -5
   nproc
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-# This image's CXX (/opt/gcc/bin/g++) is a wrapper whose extensions crash when a C++ exception
-# crosses into torch (seen 2026-12-02: every TORCH_CHECK segfaulted); the distribution's g++ of
-# the same version works, so build with it where it exists. The error-path check below guards.
-if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++; fi
 start=$(date +%s%N)
 MAX_JOBS=$(nproc) $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1
 rc=$?
