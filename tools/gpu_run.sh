@@ -2,8 +2,9 @@
 # One call on a GPU machine: environment, a timed build, the given pytest run (through the report
 # tool), optionally compute-sanitizer's four tools over every kernel path and the module
 # (tools/sanitize.sh, beside the pytest run), ncu on the standing kernel list
-# (tools/ncu_softmax.py --table into $OUT/ncu.txt) and the benchmark; every log lands in $OUT
-# (default ./gpu_out). Exits non-zero when any step failed.
+# (tools/ncu_softmax.py --table into $OUT/ncu.txt) and the benchmark (with the performance issue's
+# targets checked on its run: $OUT/targets.md); every log lands in $OUT (default ./gpu_out).
+# Exits non-zero when any step failed (unmet targets are not a failed step).
 #   tools/gpu_run.sh [--sanitize] [--ncu] [--bench] [--timeout S] [--] [python -m reports run args]
 # --timeout S stops the pytest run after S seconds (SIGTERM): the report then holds the cases that
 # finished, marked partial, and the step fails; the steps after it still run.
@@ -100,6 +101,14 @@ if [ $bench -eq 1 ]; then
   $PY -m benchmarks --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
   echo "benchmarks: exit $bench_rc (0 ok, 1 WRONG/ERROR rows, 2 cannot run here, 3 stopped)"
+  # the performance issue's targets on this run (met / NOT met / incomplete; not a failed step)
+  if [ -f "$OUT/bench/latest.json" ]; then
+    if $PY -m benchmarks targets "$OUT/bench/latest.json" > "$OUT/targets.md" 2>&1; then
+      echo "targets: all met ($OUT/targets.md)"
+    else
+      echo "targets: not all met ($OUT/targets.md)"
+    fi
+  fi
   [ "$bench_rc" -eq 0 ] || { failed+=" bench"; [ "$final" -ne 0 ] || final=$bench_rc; }
 fi
 if [ -n "$failed" ]; then

@@ -1,0 +1,277 @@
+"""python -m benchmarks targets RUN.json: the performance issue's targets, checked on one run.
+
+Each target of te_fast's performance issue is checked against the rows of one `python -m
+benchmarks` run (its latest.json), with the run's own yardsticks: bandwidth as the fraction of the
+copy ceiling measured in that run, times against the peers timed in that run. A target is:
+- met: every case it names is in the run, ok, and holds;
+- NOT met: a case misses (the table names the worst, the list below it every one);
+- incomplete: nothing misses, but cases it names were not run, were skipped or are not ok (a run
+  with --sk, --dtypes or --only, or one stopped early, shows no more than it ran).
+The cases are the issue's, not the run's: a target covers its full set of row lengths, dtypes and
+configurations whatever the run chose. Numerics (the issue's target 7) are the suites' to judge
+(`python -m reports run`), not this tool's.
+Exit codes: 0 every target met; 1 a target NOT met or incomplete; 2 an unreadable file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+from benchmarks.cases import SK_ALL, SOFTMAX_OPS
+from benchmarks.compare import load
+
+SK_SHORT = tuple(sk for sk in SK_ALL if sk <= 16384)  # the 90% lengths of target 1
+SK_LONG = tuple(sk for sk in SK_ALL if sk > 16384)  # 85% there: a register design spills
+HALF = ("fp16", "bf16")
+FWD = tuple(f"{op.fwd}_fwd" for op in SOFTMAX_OPS)  # the rows' op names
+BWD = tuple(op.bwd for op in SOFTMAX_OPS)
+# The inductor composites run in bf16 (the benchmark's default --inductor-dtypes: compile time).
+INDUCTOR_DTYPES = ("bf16",)
+MODULE_CONFIGS = ("causal", "padding")
+CONVERT_OPS = ("convert_thd_to_bshd", "convert_bshd_to_thd")
+
+
+@dataclass
+class Check:
+    """One case of a target: its measured figure, whether it holds, and what it is."""
+
+    case: str
+    value: float
+    ok: bool
+    text: str  # the figure as the table shows it, e.g. "87.1%" or "0.79x"
+
+
+@dataclass
+class Target:
+    number: str  # the issue's numbering, e.g. "1a"
+    need: str  # what must hold, in words
+    checks: list[Check] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # cases named but not in the run (or not ok)
+    worst_first: bool = True  # the smallest value is the worst (bandwidth); False for ratios
+
+    @property
+    def verdict(self) -> str:
+        if any(not c.ok for c in self.checks):
+            return "NOT met"
+        return "incomplete" if self.missing or not self.checks else "met"
+
+    def measured(self) -> str:
+        """The figure the table shows: the worst case, and how many miss."""
+        if not self.checks:
+            return "no data"
+        key = (lambda c: c.value) if self.worst_first else (lambda c: -c.value)
+        worst = min(self.checks, key=key)
+        bad = sum(not c.ok for c in self.checks)
+        text = f"worst {worst.text} ({worst.case})"
+        if bad:
+            text += f"; {bad} of {len(self.checks)} miss"
+        else:
+            text += f"; all {len(self.checks)} hold"
+        if self.missing:
+            text += f"; {len(self.missing)} not in the run"
+        return text
+
+
+class Rows:
+    """A run's ok rows, looked up by their fields."""
+
+    def __init__(self, run: dict):
+        self.by_key: dict[tuple, dict] = {}
+        for r in run["rows"]:
+            if r.get("status") != "ok":
+                continue
+            key = (r.get("section"), r.get("op"), r.get("impl"), r.get("dtype"), r.get("sk"))
+            key += (r.get("config"),)
+            self.by_key[key] = r
+
+    def softmax(self, op: str, impl: str, dtype: str, sk: int) -> dict | None:
+        return self.by_key.get(("softmax", op, impl, dtype, sk, None))
+
+    def get(self, section: str, impl: str, dtype: str, config=None, op=None) -> dict | None:
+        return self.by_key.get((section, op, impl, dtype, None, config))
+
+
+def _fraction(row: dict | None) -> float | None:
+    v = None if row is None else row.get("fraction_of_ceiling")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def bandwidth(rows: Rows, number, need, ops, dtypes, sks, floor) -> Target:
+    """Every te_fast op of `ops` in `dtypes` at `sks`: at least `floor` of the copy ceiling."""
+    t = Target(number, need)
+    for op in ops:
+        for dt in dtypes:
+            for sk in sks:
+                case = f"{dt} {op} sk={sk}"
+                v = _fraction(rows.softmax(op, "te_fast", dt, sk))
+                if v is None:
+                    t.missing.append(case)
+                    continue
+                t.checks.append(Check(case, 100 * v, v >= floor, f"{100 * v:.1f}%"))
+    return t
+
+
+def _ms(row: dict | None, key: str = "median_ms") -> float | None:
+    v = None if row is None else row.get(key)
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def ratio(t: Target, case: str, ours: float | None, theirs: float | None, limit: float, what: str):
+    """Adds the case ours / theirs <= limit (times or bytes) to t, or notes it missing."""
+    if ours is None or theirs is None:
+        t.missing.append(case)
+        return
+    r = ours / theirs
+    t.checks.append(Check(case, r, r <= limit, f"{r:.2f}x {what}"))
+
+
+def never_slower(rows: Rows) -> Target:
+    """Target 1c: each 16-bit forward no slower than torch.softmax on the same tensor, nor than
+    the inductor composite (plain for the plain op, masked for the masked and causal ops)."""
+    t = Target("1c", "16-bit forward never slower than torch.softmax nor the inductor composite")
+    t.worst_first = False
+    for op in FWD:
+        peer_op = "softmax_fwd" if op == "scaled_softmax_fwd" else "masked_softmax_fwd"
+        for dt in HALF:
+            for sk in SK_ALL:
+                ours = _ms(rows.softmax(op, "te_fast", dt, sk))
+                theirs = _ms(rows.softmax("softmax_fwd", "torch.softmax", dt, sk))
+                ratio(t, f"{dt} {op} sk={sk} / torch.softmax", ours, theirs, 1.0, "the time")
+                if dt in INDUCTOR_DTYPES:
+                    theirs = _ms(rows.softmax(peer_op, "inductor", dt, sk))
+                    ratio(t, f"{dt} {op} sk={sk} / inductor", ours, theirs, 1.0, "the time")
+    return t
+
+
+def module(rows: Rows) -> list[Target]:
+    """Targets 4a/4b: the training-shape module against the inductor composite."""
+    time = Target("4a", "module fwd+bwd <= 0.85x the inductor composite, eager and compiled")
+    mem = Target("4b", "module peak extra memory <= 0.8x the inductor composite's")
+    time.worst_first = mem.worst_first = False
+    for dt in HALF:
+        for config in MODULE_CONFIGS:
+            ref = rows.get("module", "composite.inductor", dt, config)
+            for impl in ("te_fast", "te_fast.compile"):
+                ours = rows.get("module", impl, dt, config)
+                case = f"{dt} {config} {impl}"
+                ratio(time, case, _ms(ours), _ms(ref), 0.85, "the time")
+                key = "peak_extra_bytes"
+                ratio(mem, case, _ms(ours, key), _ms(ref, key), 0.8, "the memory")
+    return [time, mem]
+
+
+def _wall(row: dict | None) -> float | None:
+    """Host wall clock per step where the row has it (small, stack), else the median."""
+    return _ms(row, "wall_ms") or _ms(row)
+
+
+def host_bound(rows: Rows) -> list[Target]:
+    """Targets 5 and 6: the small shape and the 8-layer stack (bf16, the benchmark's dtype)."""
+    small = Target("5", "small shape: te_fast eager fwd+bwd <= the eager composite")
+    stack = Target("6a", "8-layer stack: te_fast eager <= the eager composite")
+    graphs = Target("6b", "8-layer stack: te_fast reduce-overhead <= 0.6x the composite's")
+    out = []
+    for t, section, suffix, limit in (
+        (small, "small", "", 1.0),
+        (stack, "stack", "", 1.0),
+        (graphs, "stack", ".reduce-overhead", 0.6),
+    ):
+        t.worst_first = False
+        found = {}  # impl -> row (the stack's config names its layer count: matched by section)
+        for r in rows.by_key.values():
+            if r.get("section") == section and r.get("dtype") == "bf16":
+                found[r.get("impl")] = r
+        ours, theirs = found.get("te_fast" + suffix), found.get("composite" + suffix)
+        ratio(t, f"bf16 {section} te_fast{suffix}", _wall(ours), _wall(theirs), limit, "the time")
+        out.append(t)
+    return out
+
+
+def convert(rows: Rows) -> Target:
+    t = Target("3", "THD<->BSHD conversions >= 90% of the copy ceiling (mixed lengths)")
+    for op in CONVERT_OPS:
+        for dt in ("fp16", "bf16", "fp32"):
+            case = f"{dt} {op}"
+            v = _fraction(rows.get("convert", "te_fast", dt, op=op))
+            if v is None:
+                t.missing.append(case)
+                continue
+            t.checks.append(Check(case, 100 * v, v >= 0.9, f"{100 * v:.1f}%"))
+    return t
+
+
+def evaluate(run: dict) -> list[Target]:
+    """Every target of the issue, checked against one run."""
+    rows = Rows(run)
+    return [
+        bandwidth(rows, "1a", "16-bit forward >= 90% of the copy ceiling, 32..16384 columns",
+                  FWD, HALF, SK_SHORT, 0.90),
+        bandwidth(rows, "1b", "16-bit forward >= 85% at 32768 and 65536 columns",
+                  FWD, HALF, SK_LONG, 0.85),
+        never_slower(rows),
+        bandwidth(rows, "2a", "fp32 forward >= 85% at every length", FWD, ("fp32",), SK_ALL, 0.85),
+        bandwidth(rows, "2b", "every backward >= 90% at every length, every dtype",
+                  BWD, ("fp16", "bf16", "fp32"), SK_ALL, 0.90),
+        convert(rows),
+        *module(rows),
+        *host_bound(rows),
+    ]  # fmt: skip
+
+
+def render(run: dict, targets: list[Target], misses: int = 8) -> list[str]:
+    """Markdown: the run, one table row per target, then each target's missing cases."""
+    env = run.get("env") or {}
+    head = [
+        f"Targets of the performance issue, checked on one run: {env.get('date', '?')}, "
+        f"{env.get('gpu', '?')}, torch {env.get('torch', '?')}, {run.get('state', '?')} run, "
+        f"copy ceiling {run.get('ceiling_gbps') or 0:.0f} GB/s (`{run.get('command', '?')}`).",
+    ]
+    if run.get("smoke"):
+        head.append("A smoke run: its timings mean nothing, and neither do these verdicts.")
+    lines = [*head, "", "| target | what must hold | measured | verdict |", "|---|---|---|---|"]
+    for t in targets:
+        lines.append(f"| {t.number} | {t.need} | {t.measured()} | **{t.verdict}** |")
+    for t in targets:
+        bad = sorted(
+            (c for c in t.checks if not c.ok),
+            key=(lambda c: c.value) if t.worst_first else (lambda c: -c.value),
+        )
+        if not bad:
+            continue
+        lines += ["", f"Target {t.number} ({t.need}), the cases that miss, worst first:"]
+        lines += [f"- {c.case}: {c.text}" for c in bad[:misses]]
+        if len(bad) > misses:
+            lines.append(f"- and {len(bad) - misses} more")
+    lines += [
+        "",
+        "Targets 5 and 6 time host-bound steps, which swing by 20% and more from run to run on the "
+        "H200 machine; `python -m benchmarks.host_overhead --device cuda` pairs te_fast and the "
+        "composite round by round. Target 7 (numerics) is the suites' to judge: `python -m reports "
+        "run`.",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks targets",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run", help="a run's latest.json")
+    p.add_argument("--misses", type=int, default=8, help="cases listed per target that misses")
+    args = p.parse_args(argv)
+    try:
+        run = load(args.run)
+    except (OSError, ValueError) as exc:
+        print(f"benchmarks targets: {exc}", file=sys.stderr)
+        return 2
+    targets = evaluate(run)
+    print("\n".join(render(run, targets, args.misses)))
+    return 0 if all(t.verdict == "met" for t in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
