@@ -46,6 +46,22 @@ def test_labels_do_not_count():
     assert same_sass.compare(sass(0), sass(40)) == []
 
 
+def test_helper_numbers_do_not_count():
+    """nvcc numbers its out-of-line helpers across a file, as the assembler numbers labels: a
+    kernel added before this one renumbers them (seen on 2026-12-05: 42 kernels called changed
+    that were the same)."""
+
+    def helpers(n: int, second: str = "sm3x_div_rn_noftz_f32_slowpath") -> str:
+        rcp, div = f"$__internal_{n}_$__cuda_sm20_dblrcp_rn_slowpath_v3", f"$__internal_{n + 1}_$"
+        return sass(
+            0, k1_op=f"CALL.REL.NOINC `({rcp}) ;\n        CALL.REL.NOINC `({div}__cuda_{second})"
+        )
+
+    assert same_sass.compare(helpers(37), helpers(44)) == []
+    # but two helpers are still told apart, and a call to another one is a change
+    assert same_sass.compare(helpers(37), helpers(44, second="sm20_div_rn_f64_full")) == [K1]
+
+
 def test_a_changed_kernel_is_named_alone():
     assert same_sass.compare(sass(0), sass(7, k2_op="FFMA R4, R4, R5, R6")) == [K2]
     assert same_sass.compare(sass(0), sass(0, k1_op="FADD R2, R3, R2")) == [K1]

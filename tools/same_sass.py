@@ -15,8 +15,9 @@ tools/gpu_ab.sh measures.
 It compares device code only: a change to the host side of a .cu (which kernel a launcher picks,
 the grid it sizes) is not seen, and needs tools/softmax_bits.py and the benchmark on a GPU.
 
-The comparison is of the whole disassembly, with the assembler's local labels (.L_x_N, numbered
-across a file) renumbered in their order of appearance, so that a kernel's labels do not depend
+The comparison is of the whole disassembly, with the assembler's local labels (.L_x_N) and
+nvcc's out-of-line helpers ($__internal_N_$..., a double division's slow path), both numbered
+across a file, renumbered in their order of appearance, so that a kernel's code does not depend
 on the kernels before it; the kernels that differ are named.
 
 nvdisasm is taken from --nvdisasm, $NVDISASM, PATH, or the `nvidia-cuda-nvdisasm` wheel
@@ -44,13 +45,19 @@ from kernel_resources import FLAGS, ROOT, demangle  # noqa: E402
 
 SASS_FLAGS = tuple(f for f in FLAGS if f not in ("-lineinfo", "-Xptxas", "-v"))
 _LABEL = re.compile(r"\.L_x_\d+")
+# nvcc's out-of-line helpers (a double reciprocal's slow path, ...), numbered across the file like
+# the labels: $__internal_37_$__cuda_sm20_dblrcp_rn_slowpath_v3.
+_INTERNAL = re.compile(r"\$__internal_\d+_\$")
 _FUNCTION = re.compile(r"^//-+ \.text\.(\S+) -+$", re.M)
 
 
 def normalize(sass: str) -> str:
-    """The disassembly with its local labels renumbered in order of appearance."""
-    seen: dict[str, str] = {}
-    return _LABEL.sub(lambda m: seen.setdefault(m[0], f".L_{len(seen)}"), sass)
+    """The disassembly with its local labels and nvcc's internal helpers renumbered in order of
+    appearance."""
+    labels: dict[str, str] = {}
+    helpers: dict[str, str] = {}
+    sass = _LABEL.sub(lambda m: labels.setdefault(m[0], f".L_{len(labels)}"), sass)
+    return _INTERNAL.sub(lambda m: helpers.setdefault(m[0], f"$__internal_{len(helpers)}_$"), sass)
 
 
 def functions(sass: str) -> dict[str, str]:
