@@ -329,3 +329,22 @@ def test_misaligned_run_names_its_rows_and_offsets_its_inputs(tmp_path, capsys):
     rows = [r for r in result["rows"] if r["section"] == "softmax"]
     assert rows and all("/misaligned/" in r["case"] and r["status"] == "ok" for r in rows)
     assert all(r["check"]["ok"] for r in rows)
+
+
+def test_profile_stack_plumbing(capsys):
+    """tools/profile_stack.py: both stacks, wall clock and the host profile, on the CPU (no
+    kernels there); a mode it does not know is refused."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import profile_stack
+
+    args = ["--shape", "tiny", "--layers", "1", "--modes", "eager", "--rounds", "2", "--host"]
+    assert profile_stack.main(args) == 0
+    out = capsys.readouterr().out
+    for name in ("te_fast", "composite"):
+        assert f"{name} eager: " in out and " us wall/step" in out
+    assert "host (cProfile" in out and "us/step in Python" in out
+    with pytest.raises(SystemExit):
+        profile_stack.main(["--modes", "fast"])
+    capsys.readouterr()
