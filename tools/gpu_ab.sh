@@ -45,7 +45,10 @@ cd "$(dirname "$SELF")/.."
 PY=${PYTHON:-python3}
 builds=(A B)  # the build letters, and each one's csrc/ folder (B: none, the tree's)
 declare -A src=([A]=${srcs[0]})
-for ((i = 1; i < ${#srcs[@]}; i++)); do builds+=("${LETTERS[i + 1]}"); src[${LETTERS[i + 1]}]=${srcs[i]}; done
+for ((i = 1; i < ${#srcs[@]}; i++)); do
+  builds+=("${LETTERS[i + 1]}")
+  src[${LETTERS[i + 1]}]=${srcs[i]}
+done
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_ab: --rounds takes a positive count" >&2; exit 2; }
 bench_args=("$@")
 [ ${#bench_args[@]} -gt 0 ] || bench_args=(--only softmax --peers "" --inductor off)
@@ -76,7 +79,9 @@ for v in "${builds[@]}"; do  # the sources, without build outputs, environments,
   tar --exclude=./.git --exclude=./.whl --exclude=./build --exclude=./gpu_out "${excludes[@]}" \
     --exclude=./.venv --exclude=./.ci-venv --exclude=./reports/latest --exclude=./devscratch \
     --exclude=./.hypothesis --exclude=__pycache__ --exclude='*.so' -cf - . | tar -xf - -C "$WORK/$v"
-  if [ -n "${src[$v]:-}" ]; then rm -rf "$WORK/$v/csrc" && cp -r "${src[$v]}/csrc" "$WORK/$v/csrc"; fi
+  if [ -n "${src[$v]:-}" ]; then
+    rm -rf "$WORK/$v/csrc" && cp -r "${src[$v]}/csrc" "$WORK/$v/csrc"
+  fi
 done
 {
   echo "gpu_ab: $(date -u), $device, $rounds rounds, benchmark ${bench_args[*]}"

@@ -46,7 +46,8 @@ gpu_env /tmp/site  # the carried wheels; the distribution's g++ (see gpu_env.sh)
   command -v ninja nvcc compute-sanitizer
   echo "CC=$CC0 CXX=$CXX0 (given), CC=${CC:-} CXX=${CXX:-} (used)"; ${CXX0:-g++} --version | head -1
   /usr/bin/g++ --version 2>&1 | head -1
-  file -L "${CXX0:-/usr/bin/g++}" 2>/dev/null; head -c 400 "${CXX0:-/dev/null}" 2>/dev/null | strings | head -5
+  file -L "${CXX0:-/usr/bin/g++}" 2>/dev/null
+  head -c 400 "${CXX0:-/dev/null}" 2>/dev/null | strings | head -5
   nproc
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
