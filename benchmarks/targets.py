@@ -93,9 +93,18 @@ class Rows:
         return self.by_key.get((section, op, impl, dtype, None, config))
 
 
-def _fraction(row: dict | None) -> float | None:
-    v = None if row is None else row.get("fraction_of_ceiling")
+def _value(row: dict | None, key: str) -> float | None:
+    """A row's positive figure under key (fraction_of_ceiling, median_ms, ...); None without."""
+    v = None if row is None else row.get(key)
     return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def _fraction(row: dict | None) -> float | None:
+    return _value(row, "fraction_of_ceiling")
+
+
+def _ms(row: dict | None) -> float | None:
+    return _value(row, "median_ms")
 
 
 def bandwidth(rows: Rows, number, need, ops, dtypes, sks, floor) -> Target:
@@ -111,11 +120,6 @@ def bandwidth(rows: Rows, number, need, ops, dtypes, sks, floor) -> Target:
                     continue
                 t.checks.append(Check(case, 100 * v, v >= floor, f"{100 * v:.1f}%"))
     return t
-
-
-def _ms(row: dict | None, key: str = "median_ms") -> float | None:
-    v = None if row is None else row.get(key)
-    return float(v) if isinstance(v, (int, float)) and v > 0 else None
 
 
 def ratio(t: Target, case: str, ours: float | None, theirs: float | None, limit: float, what: str):
@@ -158,13 +162,13 @@ def module(rows: Rows) -> list[Target]:
                 case = f"{dt} {config} {impl}"
                 ratio(time, case, _ms(ours), _ms(ref), 0.85, "the time")
                 key = "peak_extra_bytes"
-                ratio(mem, case, _ms(ours, key), _ms(ref, key), 0.8, "the memory")
+                ratio(mem, case, _value(ours, key), _value(ref, key), 0.8, "the memory")
     return [time, mem]
 
 
 def _wall(row: dict | None) -> float | None:
     """Host wall clock per step where the row has it (small, stack), else the median."""
-    return _ms(row, "wall_ms") or _ms(row)
+    return _value(row, "wall_ms") or _ms(row)
 
 
 def host_bound(rows: Rows) -> list[Target]:
