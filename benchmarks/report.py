@@ -221,6 +221,14 @@ def _launch_table(result: dict, section: str, title: str) -> list[str]:
             f"{_status(r)} |"
         )
     lines.append("")
+    for r in rows:
+        if "paired_ratio" in r:
+            lines += [
+                f"Paired rounds, {r['impl']} / composite (eager, wall clock, the two alternating "
+                f"{r.get('paired_rounds', '?')} times): {r['paired_ratio']:.3f} "
+                f"(quartiles {r['paired_q1']:.3f}-{r['paired_q3']:.3f}).",
+                "",
+            ]
     return lines
 
 

@@ -101,3 +101,42 @@ def wall_per_iteration(
         sync(device)
         samples.append((time.perf_counter() - t0) * 1e3 / block)
     return summarize(samples)
+
+
+@dataclass
+class Paired:
+    """Paired rounds of two callables: the median ratio a / b over rounds and its quartiles."""
+
+    ratio: float
+    q1: float
+    q3: float
+    rounds: int
+
+
+def paired_wall(
+    a: Callable[[], object],
+    b: Callable[[], object],
+    device: torch.device,
+    rounds: int,
+    block: int = 10,
+) -> Paired:
+    """Host wall clock of `a` against `b`, round by round: each round times a block of `block`
+    back-to-back calls of each (one sync per block), in alternating order, and its ratio a / b
+    is one sample. Machine noise that lasts longer than a round hits both sides of it alike, so
+    the paired ratio holds where two separate stretches of timing swing by 20% and more (the
+    host-bound rows of this benchmark on the H200 machine)."""
+    sync(device)
+    ratios = []
+    for r in range(max(1, rounds)):
+        times = {}
+        for name, fn in (("a", a), ("b", b)) if r % 2 == 0 else (("b", b), ("a", a)):
+            t0 = time.perf_counter()
+            for _ in range(block):
+                fn()
+            sync(device)
+            times[name] = time.perf_counter() - t0
+        ratios.append(times["a"] / times["b"])
+    if len(ratios) < 2:
+        return Paired(ratios[0], ratios[0], ratios[0], 1)
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return Paired(statistics.median(ratios), q1, q3, len(ratios))

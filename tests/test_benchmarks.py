@@ -61,9 +61,17 @@ def test_smoke_run_writes_every_section(tmp_path, capsys):
     assert {r["impl"] for r in timed} >= {"te_fast", "te_fast.compile", "composite", "sdpa.math"}
     assert all("speedup" in r and r["check"]["ok"] for r in timed)
     assert all("wall_ms" in r for r in timed if r["section"] in ("small", "stack"))
+    # te_fast's eager rows of the host-bound sections carry their rounds paired with the composite
+    paired = [r for r in timed if "paired_ratio" in r]
+    assert sorted((r["section"], r["impl"]) for r in paired) == [
+        ("small", "te_fast"),
+        ("stack", "te_fast"),
+    ]
+    assert all(r["paired_q1"] <= r["paired_ratio"] <= r["paired_q3"] for r in paired)
     assert [c for c in result["compiles"] if c["label"].startswith("module/")]
     md = (tmp_path / "latest.md").read_text()
     assert "SMOKE" in md and "scaled_softmax_fwd, bf16" in md and "Stack of layers" in md
+    assert md.count("Paired rounds, te_fast / composite (eager") == 2  # small and stack
     assert (tmp_path / "latest.png").stat().st_size > 1000
 
 
@@ -348,3 +356,24 @@ def test_profile_stack_plumbing(capsys):
     with pytest.raises(SystemExit):
         profile_stack.main(["--modes", "fast"])
     capsys.readouterr()
+
+
+def test_paired_wall_times_each_side_in_turn():
+    """timing.paired_wall: the median ratio a / b over rounds of blocks of each, alternating."""
+    import time
+
+    from benchmarks.timing import paired_wall
+
+    calls = []
+
+    def a():
+        calls.append("a")
+        time.sleep(0.004)
+
+    def b():
+        calls.append("b")
+        time.sleep(0.002)
+
+    p = paired_wall(a, b, torch.device("cpu"), rounds=4, block=2)
+    assert p.rounds == 4 and 1.5 < p.ratio < 2.5 and p.q1 <= p.ratio <= p.q3
+    assert "".join(calls) == "aabbbbaaaabbbbaa"  # blocks, in alternating order

@@ -122,6 +122,22 @@ def test_module_and_host_bound_limits(stored):
     assert [c.case for c in t["4a"].checks if not c.ok] == ["fp16 padding te_fast.compile"]
 
 
+def test_paired_rounds_decide_the_eager_host_bound_targets(stored):
+    """Where te_fast's eager row holds paired rounds, targets 5 and 6a read them, not the two
+    stretches' wall clocks (which say the opposite here)."""
+    run = passing(stored)  # te_fast's wall clock at half the composite's
+    row(run, "stack/8x causal/bf16/te_fast").update(
+        paired_ratio=1.04, paired_q1=1.01, paired_q3=1.07
+    )
+    row(run, "small/causal/bf16/te_fast").update(paired_ratio=0.97, paired_q1=0.9, paired_q3=1.0)
+    t = by_number(run)
+    assert t["6a"].verdict == "NOT met" and t["5"].verdict == "met"
+    assert "paired rounds, quartiles 1.01-1.07" in t["6a"].measured()
+    small = row(run, "small/causal/bf16/te_fast")
+    small["wall_ms"] = 3 * row(run, "small/causal/bf16/composite")["wall_ms"]
+    assert by_number(run)["5"].verdict == "met"  # the paired rounds still decide
+
+
 def test_missing_or_broken_rows_leave_a_target_incomplete(stored):
     run = passing(stored)
     run["rows"] = [r for r in run["rows"] if r.get("sk") != 65536]
