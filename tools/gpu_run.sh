@@ -95,7 +95,7 @@ if [ $sanitize -eq 1 ]; then
   [ "$sanitize_rc" -eq 0 ] || { failed+=" sanitize"; final=1; }
 fi
 if [ $ncu -eq 1 ]; then
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 300 $PY tools/ncu_softmax.py --table 2>&1 | tee "$OUT/ncu.txt"
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 420 $PY tools/ncu_softmax.py --table 2>&1 | tee "$OUT/ncu.txt"
 fi
 if [ $bench -eq 1 ]; then
   # one line per result as it goes (also in bench.log); the summary and any WRONG/ERROR last
