@@ -368,12 +368,13 @@ def test_paired_wall_times_each_side_in_turn():
 
     def a():
         calls.append("a")
-        time.sleep(0.004)
+        time.sleep(0.02)
 
     def b():
         calls.append("b")
-        time.sleep(0.002)
+        time.sleep(0.01)
 
-    p = paired_wall(a, b, torch.device("cpu"), rounds=4, block=2)
-    assert p.rounds == 4 and 1.5 < p.ratio < 2.5 and p.q1 <= p.ratio <= p.q3
-    assert "".join(calls) == "aabbbbaaaabbbbaa"  # blocks, in alternating order
+    p = paired_wall(a, b, torch.device("cpu"), rounds=5, block=2)
+    # 2x by construction; a loaded machine's late wake-ups (a few ms) move a round, not the median
+    assert p.rounds == 5 and 1.4 < p.ratio < 2.8 and p.q1 <= p.ratio <= p.q3
+    assert "".join(calls) == "aabb" + "bbaa" + "aabb" + "bbaa" + "aabb"  # blocks, alternating
