@@ -99,6 +99,7 @@ if [ $ncu -eq 1 ]; then
 fi
 if [ $bench -eq 1 ]; then
   # one line per result as it goes (also in bench.log); the summary and any WRONG/ERROR last
+  rm -f "$OUT/bench/latest.json"  # the targets below read this run's, or none
   $PY -m benchmarks --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
   echo "benchmarks: exit $bench_rc (0 ok, 1 WRONG/ERROR rows, 2 cannot run here, 3 stopped)"
