@@ -57,12 +57,15 @@ class Target:
             return "NOT met"
         return "incomplete" if self.missing or not self.checks else "met"
 
+    def worst_first_order(self, checks) -> list[Check]:
+        """checks sorted worst first (lowest bandwidth, or highest ratio)."""
+        return sorted(checks, key=lambda c: c.value if self.worst_first else -c.value)
+
     def measured(self) -> str:
         """The figure the table shows: the worst case, and how many miss."""
         if not self.checks:
             return "no data"
-        key = (lambda c: c.value) if self.worst_first else (lambda c: -c.value)
-        worst = min(self.checks, key=key)
+        worst = self.worst_first_order(self.checks)[0]
         bad = sum(not c.ok for c in self.checks)
         text = f"worst {worst.text} ({worst.case})"
         if bad:
@@ -107,18 +110,22 @@ def _ms(row: dict | None) -> float | None:
     return _value(row, "median_ms")
 
 
+def at_least(t: Target, case: str, row: dict | None, floor: float) -> None:
+    """Adds the case "row's fraction of the copy ceiling >= floor" to t, or notes it missing."""
+    v = _fraction(row)
+    if v is None:
+        t.missing.append(case)
+        return
+    t.checks.append(Check(case, 100 * v, v >= floor, f"{100 * v:.1f}%"))
+
+
 def bandwidth(rows: Rows, number, need, ops, dtypes, sks, floor) -> Target:
     """Every te_fast op of `ops` in `dtypes` at `sks`: at least `floor` of the copy ceiling."""
     t = Target(number, need)
     for op in ops:
         for dt in dtypes:
             for sk in sks:
-                case = f"{dt} {op} sk={sk}"
-                v = _fraction(rows.softmax(op, "te_fast", dt, sk))
-                if v is None:
-                    t.missing.append(case)
-                    continue
-                t.checks.append(Check(case, 100 * v, v >= floor, f"{100 * v:.1f}%"))
+                at_least(t, f"{dt} {op} sk={sk}", rows.softmax(op, "te_fast", dt, sk), floor)
     return t
 
 
@@ -134,8 +141,8 @@ def ratio(t: Target, case: str, ours: float | None, theirs: float | None, limit:
 def never_slower(rows: Rows) -> Target:
     """Target 1c: each 16-bit forward no slower than torch.softmax on the same tensor, nor than
     the inductor composite (plain for the plain op, masked for the masked and causal ops)."""
-    t = Target("1c", "16-bit forward never slower than torch.softmax nor the inductor composite")
-    t.worst_first = False
+    need = "16-bit forward never slower than torch.softmax nor the inductor composite"
+    t = Target("1c", need, worst_first=False)
     for op in FWD:
         peer_op = "softmax_fwd" if op == "scaled_softmax_fwd" else "masked_softmax_fwd"
         for dt in HALF:
@@ -151,9 +158,11 @@ def never_slower(rows: Rows) -> Target:
 
 def module(rows: Rows) -> list[Target]:
     """Targets 4a/4b: the training-shape module against the inductor composite."""
-    time = Target("4a", "module fwd+bwd <= 0.85x the inductor composite, eager and compiled")
-    mem = Target("4b", "module peak extra memory <= 0.8x the inductor composite's")
-    time.worst_first = mem.worst_first = False
+    need_time = "module fwd+bwd <= 0.85x the inductor composite, eager and compiled"
+    time = Target("4a", need_time, worst_first=False)
+    mem = Target(
+        "4b", "module peak extra memory <= 0.8x the inductor composite's", worst_first=False
+    )
     for dt in HALF:
         for config in MODULE_CONFIGS:
             ref = rows.get("module", "composite.inductor", dt, config)
@@ -175,16 +184,18 @@ def host_bound(rows: Rows) -> list[Target]:
     """Targets 5 and 6: the small shape and the 8-layer stack (bf16, the benchmark's dtype), by
     the paired rounds of te_fast's eager row where the run has them (module_bench.add_paired),
     else by each side's wall clock."""
-    small = Target("5", "small shape: te_fast eager fwd+bwd <= the eager composite")
-    stack = Target("6a", "8-layer stack: te_fast eager <= the eager composite")
-    graphs = Target("6b", "8-layer stack: te_fast reduce-overhead <= 0.6x the composite's")
+    small = Target(
+        "5", "small shape: te_fast eager fwd+bwd <= the eager composite", worst_first=False
+    )
+    stack = Target("6a", "8-layer stack: te_fast eager <= the eager composite", worst_first=False)
+    need = "8-layer stack: te_fast reduce-overhead <= 0.6x the composite's"
+    graphs = Target("6b", need, worst_first=False)
     out = []
     for t, section, suffix, limit in (
         (small, "small", "", 1.0),
         (stack, "stack", "", 1.0),
         (graphs, "stack", ".reduce-overhead", 0.6),
     ):
-        t.worst_first = False
         found = {}  # impl -> row (the stack's config names its layer count: matched by section)
         for r in rows.by_key.values():
             if r.get("section") == section and r.get("dtype") == "bf16":
@@ -206,12 +217,7 @@ def convert(rows: Rows) -> Target:
     t = Target("3", "THD<->BSHD conversions >= 90% of the copy ceiling (mixed lengths)")
     for op in CONVERT_OPS:
         for dt in ("fp16", "bf16", "fp32"):
-            case = f"{dt} {op}"
-            v = _fraction(rows.get("convert", "te_fast", dt, op=op))
-            if v is None:
-                t.missing.append(case)
-                continue
-            t.checks.append(Check(case, 100 * v, v >= 0.9, f"{100 * v:.1f}%"))
+            at_least(t, f"{dt} {op}", rows.get("convert", "te_fast", dt, op=op), 0.9)
     return t
 
 
@@ -247,10 +253,7 @@ def render(run: dict, targets: list[Target], misses: int = 8) -> list[str]:
     for t in targets:
         lines.append(f"| {t.number} | {t.need} | {t.measured()} | **{t.verdict}** |")
     for t in targets:
-        bad = sorted(
-            (c for c in t.checks if not c.ok),
-            key=(lambda c: c.value) if t.worst_first else (lambda c: -c.value),
-        )
+        bad = t.worst_first_order(c for c in t.checks if not c.ok)
         if not bad:
             continue
         lines += ["", f"Target {t.number} ({t.need}), the cases that miss, worst first:"]
