@@ -36,14 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import peers  # noqa: E402
 from benchmarks.cases import AttnShape  # noqa: E402
 from benchmarks.module_bench import make_stack, make_step  # noqa: E402
+from benchmarks.timing import sync  # noqa: E402
 
 MODES = ("eager", "default", "reduce-overhead")
 SHAPES = {"small": AttnShape(b=2, h=16, s=128, d=64), "tiny": AttnShape(b=1, h=2, s=16, d=8)}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def wall_us(step, device: torch.device, block: int = 20) -> float:
