@@ -41,8 +41,10 @@ def get_extensions():
     sources = [os.path.join("csrc", "te_fast.cpp"), os.path.join("csrc", "eager.cpp")]
     # No -std here: BuildExtension picks the standard the installed torch was built with
     # (C++17 for torch 2.11, C++20 for 2.13); overriding it breaks exceptions thrown by
-    # TORCH_CHECK on some toolchains. TE_FAST_CXXFLAGS adds flags for experiments.
-    cxx = ["-O3"] + os.environ.get("TE_FAST_CXXFLAGS", "").split()
+    # TORCH_CHECK on some toolchains. TE_FAST_CXXFLAGS adds flags for experiments. No
+    # floating-point contraction: with -march flags that enable FMA, gcc would fuse
+    # x * scale - m (rules.h, exp_shifted says why that must not happen).
+    cxx = ["-O3", "-ffp-contract=off"] + os.environ.get("TE_FAST_CXXFLAGS", "").split()
     extra = {"cxx": cxx}
     use_cuda = _want_cuda()
     if use_cuda:

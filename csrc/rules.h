@@ -50,10 +50,22 @@ TE_HD int64_t kept_prefix(int mode, int64_t i, int64_t sq, int64_t sk) {
 // fp32 forward a third of its speed (85% -> 56% of the copy ceiling at sk = 32) for error ratios
 // the scale alone had already brought down. fp16/bf16 data work in fp32: their output rounding
 // is 2^13 times coarser than all of this.
+//
+// The product is rounded before the difference (the _rn intrinsics on the device, which nvcc
+// never fuses): at the max, the argument is then exactly 0 by construction. A fused multiply-add
+// (nvcc contracts x * scale - m to one by default) gives the product's own rounding error
+// instead, which at scores near the type's range ends is ~1e22 (double) and made the CUDA fp32
+// rows NaN or 0 at a scale of 0.7 (H100, 2026-12-05, test_softmax_range_end_scores). The CPU
+// build passes -ffp-contract=off for the same reason (setup.py).
 template <bool kWide>
 TE_HD float exp_shifted(float x, double scale, double m) {
+#if defined(__CUDA_ARCH__)
+  if (kWide) return expf(static_cast<float>(__dmul_rn(static_cast<double>(x), scale) - m));
+  return expf(__fmul_rn(x, static_cast<float>(scale)) - static_cast<float>(m));
+#else
   if (kWide) return expf(static_cast<float>(static_cast<double>(x) * scale - m));
   return expf(x * static_cast<float>(scale) - static_cast<float>(m));
+#endif
 }
 
 // The softmax backward, dx = scale * y * (dy - dot) with dot = sum_j y_j * dy_j, one element at

@@ -140,7 +140,7 @@ def softmax_examples(draw, op: str, device: str):
         mask_layout=draw(st.sampled_from(LAYOUTS)) if masked else "contiguous",
         neg_inf=draw(st.sampled_from((0.0, 0.1, 1.0))) if scale > 0 else 0.0,
         seed=draw(st.integers(0, 2**16)),
-        range_end=draw(st.sampled_from((False,) * 7 + (True,))) if 0 < scale <= 1 else False,
+        range_end=draw(st.sampled_from((False,) * 7 + (True,))) if 0 < abs(scale) <= 1 else False,
     )
 
 

@@ -353,12 +353,20 @@ __device__ __forceinline__ int row_limit(const SoftmaxFwdArgs& a, const RowPos& 
 // e = exp(scale * x - max) of one kept value: base 2 with the scale folded in for fp16/bf16
 // (c = scale * log2 e; shift = the max of fl(x * c), a float), the accurate expf of a double
 // argument for fp32 (the double scale; shift = the max of scale * x in double: exp_shifted).
+// fp16/bf16 at c > 0 take the fma, as the hot loops do (the two-pass kernel, the one caller
+// there, handles a coarse shift itself: shift_coarse). At c <= 0 (scale <= 0: no hot loop) they
+// work as the CPU does, in base e with the float scale and the product rounded first
+// (exp_shifted; shift = the max of fl(x * scale)), which is exactly 0 at the max whatever the
+// magnitude, and overflows only where |scale| > 1 (c = scale * log2 e overflowed for bf16
+// scores near the range ends at scale -0.7).
 template <typename T>
 __device__ __forceinline__ float exp_of(float x, float c, double shift, double scale) {
   if constexpr (kWide<T>) {
     return exp_shifted<true>(x, scale, shift);
-  } else {
+  } else if (c > 0.f) {
     return exp2f(fmaf(x, c, -static_cast<float>(shift)));
+  } else {
+    return exp_shifted<false>(x, scale, shift);
   }
 }
 
@@ -436,19 +444,24 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Whether the shift fl(mx * c) of a fp16/bf16 row (scale > 0) overflows fp32 for a finite kept max
-// mx: |mx| > FLT_MAX / c, bf16 scores near either end of bf16's range with c = scale * log2 e > 1
-// (at scale 1, an additive finfo(bf16).min mask). The shift would be +-inf and the row NaN or 0,
-// where its softmax is 1 / n on the n columns equal to mx and 0 elsewhere. The kernels then
-// replace each kept x by x - mx (in the data's own type) and use the shift 0, so that the same
-// loop computes e = 2^fma(x - mx, c, 0): 1 at mx; 0 at any other value, which lies at least
-// |mx| 2^-9 below mx, so that (x - mx) c is below -FLT_MAX 2^-9 (the difference, nonzero, keeps
-// that bound when rounded, or becomes -inf); NaN at a NaN, which poisons the row as before. A
-// cold branch: the hot loop is unchanged (ptxas, 2026-12-04: the same registers, and 4 more bytes
-// of per-row spill in the 4K-column masked kernel). The two-pass kernel instead runs its first
-// pass again with a c of the row's own (softmax_fwd_block).
-__device__ __forceinline__ bool shift_overflows(float mx, float c) {
-  return isinf(mx * c) && !isinf(mx);
+// Whether the shift fl(mx * c) of a fp16/bf16 row (scale > 0) is too coarse for the hot loop's
+// e = 2^fma(x, c, -fl(mx * c)), for a finite kept max mx: |fl(mx * c)| >= 2^24 (overflow
+// included). At the max, that argument is the product's own rounding error, mx * c - fl(mx * c),
+// up to half an ulp of the shift: a common factor 2^delta of every e of the row, which the
+// normalization removes while it is small, but delta reaches +-2^103 for bf16 scores near the
+// range ends (an additive finfo(bf16).min mask): the max's e is then inf or 0 and the row NaN or 0,
+// where its softmax is 1 / n on the n columns equal to mx and 0 elsewhere. (Until 2026-12-05
+// this test was only for an infinite shift; the range-end suite found NaN rows at a scale of
+// 0.7 on the H100.) Under 2^24, |delta| <= 1/2. Over it, the kernels replace each kept x by
+// x - mx (in the data's own type) and use the shift 0, so that the same loop computes
+// e = 2^fma(x - mx, c, 0): 1 at mx; 0 at any other value: within a factor of 2 of mx the
+// difference is exact (Sterbenz) and at least an ulp of mx, |mx| 2^-11 or more, so (x - mx) c
+// is at most -2^13; further away |x - mx| >= |mx| / 2 (or -inf); NaN at a NaN, which poisons
+// the row as before. A cold branch: the hot loop is unchanged (the test costs what the
+// overflow's did). The two-pass kernel instead runs its first pass again with a c of the row's
+// own (softmax_fwd_block).
+__device__ __forceinline__ bool shift_coarse(float mx, float c) {
+  return fabsf(mx * c) >= 0x1p24f && !isinf(mx);
 }
 
 // fp16/bf16 values two to a 32-bit word, as loaded: the dtype's -inf in both lanes, the max of
@@ -618,7 +631,7 @@ __device__ __forceinline__ void forward_row_packed(const SoftmaxFwdArgs& a, int6
   float mx = fmaxf(P::lo(m2), P::hi(m2));
   mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
   float shift = mx == -INFINITY ? 0.f : mx * c;  // all kept scores -inf: every e is 0
-  if (shift_overflows(mx, c)) {  // (rare) x -> x - mx, shift 0: e = 1 where x == mx, else 0
+  if (shift_coarse(mx, c)) {  // (rare) x -> x - mx, shift 0: e = 1 where x == mx, else 0
     const uint32_t mx2 = P::splat(mx);
 #pragma unroll
     for (int i = 0; i < K * kW; ++i) w[i] = P::sub2(w[i], mx2);
@@ -667,7 +680,8 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
   // fp32 at scale > 0 (key 1): masked columns already hold -inf (below), which is their key * x,
   // so the max takes no select, and the exponential no keep_if: expf of -inf is the +0 it gives.
   const bool plain = fast || (kWide<T> && a.scale > 0.0);
-  const float key = kWide<T> ? wide_key(a.scale) : c;  // the max loop's factor (not fast)
+  // the max loop's factor (not fast): fp16/bf16 at c <= 0 work in base e, as exp_of does
+  const float key = kWide<T> ? wide_key(a.scale) : static_cast<float>(a.scale);
   float v[kE];
   uint32_t on = 0;  // bit k * V + e: column e of chunk k is kept
   float mx = -INFINITY;
@@ -699,14 +713,15 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
   }
   mx = row_reduce<G, C>(mx, MaxOp{}, max_slots);
   // The exponent's shift. fp32: m is the max of key * x, the shift scale * m in double
-  // (wide_shift). fp16/bf16: fl(m * c), the max of fl(x * c), when fast (c > 0); m itself, that
-  // max, otherwise (a float held in the double exactly). All kept scores -inf: every e is 0.
+  // (wide_shift). fp16/bf16: fl(m * c), the max of fl(x * c), when fast (c > 0); m itself, the
+  // max of fl(x * scale), otherwise (a float held in the double exactly). All kept scores -inf:
+  // every e is 0.
   double shift;
   if constexpr (kWide<T>) {
     shift = wide_shift(mx, a.scale);
   } else {
     float narrow = mx == -INFINITY ? 0.f : (fast ? mx * c : mx);
-    if (fast && shift_overflows(mx, c)) {  // (rare) x -> x - mx, shift 0: e = 1 where x == mx
+    if (fast && shift_coarse(mx, c)) {  // (rare) x -> x - mx, shift 0: e = 1 where x == mx
 #pragma unroll
       for (int e = 0; e < kE; ++e) v[e] -= mx;
       narrow = 0.f;
@@ -760,10 +775,11 @@ __device__ __forceinline__ void forward_row_general(const SoftmaxFwdArgs& a, int
 //
 // fp16/bf16 with scale > 0 (the hot path: few instructions per element, so that the kernel keeps
 // up with HBM): masked columns become -inf, m = max x, e = 2^fma(x, c, -fl(m * c)) with
-// c = scale * log2 e (a masked -inf gives 0), y = e / sum e. The fma forms x * c - m exactly
-// before rounding, so large |x| lose nothing. Otherwise (fp32 data, or scale <= 0) masked
-// columns are tracked as bits and the max is taken of fl(x * c) (fp16/bf16) or of scale * x in
-// double (fp32, through wide_key and wide_shift); fp32 takes the accurate expf of an argument
+// c = scale * log2 e (a masked -inf gives 0), y = e / sum e. The fma forms x * c - fl(m * c)
+// before rounding (shift_coarse: where fl(m * c) is too coarse for that). Otherwise (fp32 data,
+// or scale <= 0) masked columns are tracked as bits and the max is taken of fl(x * scale)
+// (fp16/bf16, in base e: exp_of) or of scale * x in double (fp32, through wide_key and
+// wide_shift); fp32 takes the accurate expf of an argument
 // formed in double (exp_shifted), with sums in double and the final scaling by the double
 // 1 / sum split into two floats (TimesInv). fp32 at scale > 0 needs no bits: a masked column's
 // -inf is its own key * x and its expf is +0.
@@ -972,7 +988,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // 2^(m_r - M) (base 2 with the scale folded in for fp16/bf16, which then recompute e with M; fp32
 // scale their stored e by exp(m_r - M) / S, in double). Two cluster barriers a row before
 // (2026-12-04, H200: bf16 64K 80%, two CTAs); one swap: 89% the same day.
-// softmax_fwd_long's cold branch where shift_overflows (out of line, so that the hot passes keep
+// softmax_fwd_long's cold branch where shift_coarse (out of line, so that the hot passes keep
 // their registers): x -> x - mx in the thread's chunks of the block in shared memory (the first
 // `limit` columns of the block, those the causal cut keeps; the mask's -inf already in place).
 template <typename T, int K, int G>
@@ -1065,8 +1081,8 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
       }
       const float mx = row_reduce<G, 1>(fmaxf(P::lo(m2), P::hi(m2)), MaxOp{}, max_slots);
       float shift = mx == -INFINITY ? 0.f : mx * c;  // as in forward_row_packed
-      const bool own_over = shift_overflows(mx, c);
-      if (own_over) {  // (rare) x -> x - mx, shift 0: this block's e = 1 where x == mx, else 0
+      const bool own_coarse = shift_coarse(mx, c);
+      if (own_coarse) {  // (rare) x -> x - mx, shift 0: this block's e = 1 where x == mx, else 0
         minus_max_block<T, K, G>(xs, t, limit - base, mx);
         shift = 0.f;
       }
@@ -1095,30 +1111,30 @@ __global__ void __launch_bounds__(G, (LongShape<T, K, G, C>::kMinCtasPerSm))
         const double2* pairs = xchg.swap(n, rank, mx, sum);
         // The row's max M and sum: each CTA's sum of 2^(x c - m_r c) times 2^(m_r c - M c), in
         // rank order (every CTA computes the same bits). A block with no kept column sends sum 0.
-        // Where fl(M c) overflows (shift_overflows), that factor is 1 for the blocks whose max
+        // Where fl(M c) is coarse (shift_coarse), that factor is 1 for the blocks whose max
         // is M, whose sums counted their columns equal to M, and 0 for the others. A block whose
-        // own m_r c overflows (to -inf) in a row that does not has a finite sum and the factor
-        // 0. Such blocks, and those that do not hold M in a row that overflows, write zeros: e
+        // own m_r c is coarse (<= -2^24) in a row that is not has a finite sum and the factor
+        // 0. Such blocks, and those that do not hold M in a row that is coarse, write zeros: e
         // from their own shift (finite), times 0.
         float row_mx = -INFINITY;
 #pragma unroll
         for (int r = 0; r < C; ++r) row_mx = fmaxf(row_mx, static_cast<float>(pairs[r].x));
         const float row_shift = row_mx == -INFINITY ? 0.f : row_mx * c;
-        const bool row_over = shift_overflows(row_mx, c);
+        const bool row_coarse = shift_coarse(row_mx, c);
         float total = 0.f;
 #pragma unroll
         for (int r = 0; r < C; ++r) {
           const float m_r = static_cast<float>(pairs[r].x);
           const float s_r = static_cast<float>(pairs[r].y);
           if (s_r == 0.f) continue;
-          if (row_over) {
+          if (row_coarse) {
             total += m_r == row_mx ? s_r : 0.f;
           } else {
             total += s_r * fast_exp2((m_r == -INFINITY ? 0.f : m_r * c) - row_shift);
           }
         }
-        if (!own_over && !row_over) shift = row_shift;
-        keep = own_over ? row_over && mx == row_mx : !row_over;
+        if (!own_coarse && !row_coarse) shift = row_shift;
+        keep = own_coarse ? row_coarse && mx == row_mx : !row_coarse;
         sum = total;
         if (row + stride >= a.rows) cluster_arrive<C>();  // its last row: the exit barrier
       }
@@ -1240,14 +1256,16 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, kBwdMinCtasPerSm<
 // write pass; the second pass re-reads the row (from L2 when it is still there).
 
 struct MaxSum {
-  double m;  // running max of fl(c * x) (fp16/bf16) or of scale * x in double (fp32: exp_shifted)
-  double s;  // sum of exp(c * x - m)
-  float r;   // running max of the kept x themselves (fp16/bf16: shift_overflows' test)
+  double m;  // running max of fl(c * x) (fp16/bf16 at c > 0), fl(scale * x) (fp16/bf16 at
+             // scale <= 0) or scale * x in double (fp32): exp_of's shift
+  double s;  // sum of e = exp_of(x)
+  float r;   // running max of the kept x themselves (fp16/bf16: shift_coarse's test)
 };
 
 __device__ __forceinline__ double max_nan(double a, double b) { return (a != a || a > b) ? a : b; }
 
-// exp(from - to) in the kernel's base: 2 for fp16/bf16 (log2 e is folded into c), e for fp32.
+// exp(from - to) in the kernel's base: 2 for fp16/bf16 at c > 0 (log2 e is folded into c), e
+// otherwise.
 __device__ __forceinline__ double rescale(double from, double to, bool two) {
   const double d = from - to;
   return two ? exp2(d) : exp(d);
@@ -1263,7 +1281,8 @@ __device__ __forceinline__ void online_add(MaxSum& t, const float* x, uint32_t b
 #pragma unroll
   for (int e = 0; e < V; ++e) {
     if (bits >> e & 1u) {
-      cm = max_nan(cm, kWide<T> ? static_cast<double>(x[e]) * scale : x[e] * c);
+      cm = max_nan(cm, kWide<T> ? static_cast<double>(x[e]) * scale
+                                : (two ? x[e] * c : x[e] * static_cast<float>(scale)));
       rm = fmaxf(rm, x[e]);
     }
   }
@@ -1326,9 +1345,10 @@ __device__ __forceinline__ uint32_t load_kept(const T* x, int64_t j0, const RowP
 template <typename T, int V>
 __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArgs a) {
   __shared__ MaxSum smem[kBlockThreads / kWarp];
-  const bool two = !kWide<T>;
   const float kernel_c =
       kWide<T> ? static_cast<float>(a.scale) : static_cast<float>(a.scale * kLog2e);
+  // base 2 for fp16/bf16 at c > 0; base e for fp32 and for fp16/bf16 at scale <= 0 (exp_of)
+  const bool two = !kWide<T> && kernel_c > 0.f;
   const int64_t step = static_cast<int64_t>(blockDim.x) * V;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const RowPos r = row_pos(a, row, a.mode == te_fast_rules::kExplicitMask);
@@ -1345,12 +1365,14 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
     };
     float c = kernel_c;
     MaxSum t = first_pass(c);
-    if (two && c > 0.f && shift_overflows(t.r, c)) {
-      // (rare) The pass again with the row's own c = 2^(29 - ilogb r) (r is normal and at least
-      // 1 in magnitude: its biased exponent b is in [127, 254], and 283 - b is the c's): r c is
-      // exact, in [2^29, 2^30), and (x - r) c is below -2^18 for any other fp16/bf16 x, so the
-      // sum counts the columns equal to r and the write gives them 1 / count, the others 0.
-      c = __uint_as_float((283u - (__float_as_uint(t.r) >> 23 & 0xffu)) << 23);
+    if (two && c > 0.f && shift_coarse(t.r, c)) {
+      // (rare) The pass again with the row's own c = 2^(29 - ilogb r): r's biased exponent b is
+      // at least 23 (|r| > 2^-104, as c < 2^128 and |r c| >= 2^24), and c's is 283 - b, or 254
+      // where b < 29. r c is exact and in [2^23, 2^30), and (x - r) c is below -2^12 for any
+      // other fp16/bf16 x (at least an ulp of r away), so the sum counts the columns equal to r
+      // and the write gives them 1 / count, the others 0.
+      const uint32_t b = __float_as_uint(t.r) >> 23 & 0xffu;
+      c = __uint_as_float((b < 29u ? 254u : 283u - b) << 23);
       t = first_pass(c);
     }
     const double inv = t.s == 0.0 ? 0.0 : 1.0 / t.s;  // fully masked row -> 0
