@@ -353,18 +353,23 @@ __device__ __forceinline__ int row_limit(const SoftmaxFwdArgs& a, const RowPos& 
 // e = exp(scale * x - max) of one kept value: base 2 with the scale folded in for fp16/bf16
 // (c = scale * log2 e; shift = the max of fl(x * c), a float), the accurate expf of a double
 // argument for fp32 (the double scale; shift = the max of scale * x in double: exp_shifted).
-// fp16/bf16 at c > 0 take the fma, as the hot loops do (the two-pass kernel, the one caller
-// there, handles a coarse shift itself: shift_coarse). At c <= 0 (scale <= 0: no hot loop) they
-// work as the CPU does, in base e with the float scale and the product rounded first
-// (exp_shifted; shift = the max of fl(x * scale)), which is exactly 0 at the max whatever the
-// magnitude, and overflows only where |scale| > 1 (c = scale * log2 e overflowed for bf16
-// scores near the range ends at scale -0.7).
+// fp16/bf16 at c > 0 take the fma, as the hot loops do, but for a coarse shift (|shift| >= 2^24,
+// shift_coarse), where the product is rounded first, fl(x * c) - shift, exactly 0 at the max
+// that the shift was taken from: the two-pass kernel, the one caller at c > 0, folds its row in
+// chunks, whose running max may be coarse (a chunk of scores near -FLT_MAX before the row's
+// moderate ones: the fma gave that chunk an infinite sum and the row NaN, H200, 2026-12-05).
+// A row whose own max is coarse is computed again with a c of its own (softmax_fwd_block).
+// At c <= 0 (scale <= 0: no hot loop) they work as the CPU does, in base e with the float
+// scale and the product rounded first (exp_shifted; shift = the max of fl(x * scale)), which is
+// exactly 0 at the max whatever the magnitude, and overflows only where |scale| > 1
+// (c = scale * log2 e overflowed for bf16 scores near the range ends at scale -0.7).
 template <typename T>
 __device__ __forceinline__ float exp_of(float x, float c, double shift, double scale) {
   if constexpr (kWide<T>) {
     return exp_shifted<true>(x, scale, shift);
   } else if (c > 0.f) {
-    return exp2f(fmaf(x, c, -static_cast<float>(shift)));
+    const float s = static_cast<float>(shift);
+    return exp2f(fabsf(s) < 0x1p24f ? fmaf(x, c, -s) : __fmul_rn(x, c) - s);
   } else {
     return exp_shifted<false>(x, scale, shift);
   }
