@@ -68,6 +68,9 @@ constexpr int kWarp = 32;
 constexpr int kSubWarpCtaThreads = 128;  // CTA size when several rows share a warp
 constexpr int kBlockThreads = 512;       // the two-pass kernel's CTA size
 constexpr int64_t kMaxCtas = 1 << 24;    // grid-stride loops cover any row count beyond this
+// |shift| from which a fp16/bf16 exponent shift fl(m * c) is too coarse for fma(x, c, -shift)
+// (shift_coarse says why; exp_of and the kernels' cold branches use the same line)
+constexpr float kCoarseShift = 0x1p24f;
 constexpr double kLog2e = 1.4426950408889634;
 
 template <typename T>
@@ -369,7 +372,7 @@ __device__ __forceinline__ float exp_of(float x, float c, double shift, double s
     return exp_shifted<true>(x, scale, shift);
   } else if (c > 0.f) {
     const float s = static_cast<float>(shift);
-    return exp2f(fabsf(s) < 0x1p24f ? fmaf(x, c, -s) : __fmul_rn(x, c) - s);
+    return exp2f(fabsf(s) < kCoarseShift ? fmaf(x, c, -s) : __fmul_rn(x, c) - s);
   } else {
     return exp_shifted<false>(x, scale, shift);
   }
@@ -466,7 +469,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // overflow's did). The two-pass kernel instead runs its first pass again with a c of the row's
 // own (softmax_fwd_block).
 __device__ __forceinline__ bool shift_coarse(float mx, float c) {
-  return fabsf(mx * c) >= 0x1p24f && !isinf(mx);
+  return fabsf(mx * c) >= kCoarseShift && !isinf(mx);
 }
 
 // fp16/bf16 values two to a 32-bit word, as loaded: the dtype's -inf in both lanes, the max of
