@@ -11,12 +11,13 @@ not be seen). The softmax cases cover each kernel path and its edges (csrc/cuda/
 one column, partial warps, every register width with 16-byte and with one-element accesses (odd
 lengths, views that start one element into their buffer), the last register widths and the
 first of the next, 2/4/8-CTA clusters, the two-pass kernel past 128K columns; every mask mode
-(none, explicit broadcast and per batch, top-left and bottom-right causal), fully masked rows
-and -inf rows. The conversions: every access width (16/8/4/2/1 bytes), fp8 storage, empty
-sequences, no sequence at all, trailing tokens, an empty output, and bad cu_seqlens
-(non-monotone, negative, past the buffer, a nonzero start, a sequence longer than max_seqlen,
-num_tokens too small), which the kernels must survive without leaving the tensors: on CUDA
-(without TE_FAST_DEBUG_CHECKS) they poison with NaN, on the CPU the op raises; both are checked.
+(none, explicit broadcast and per batch, top-left and bottom-right causal), fully masked rows,
+-inf rows, and scores near the dtype's range ends. The conversions: every access width
+(16/8/4/2/1 bytes), fp8 storage, empty sequences, no sequence at all, trailing tokens, an empty
+output, and bad cu_seqlens (non-monotone, negative, past the buffer, a nonzero start, a sequence
+longer than max_seqlen, num_tokens too small), which the kernels must survive without leaving the
+tensors: on CUDA (without TE_FAST_DEBUG_CHECKS) they poison with NaN, on the CPU the op raises;
+both are checked.
 --module adds tools/sanitize_module.py (the module's forward and backward). --reduced is the
 shorter list for racecheck, which is about a hundred times slower.
 """
@@ -62,6 +63,18 @@ class Counter:
               flush=True)  # fmt: skip
 
 
+def range_end_scores(sk: int, dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Three rows of sk scores within 5% below a level of 0.8-1 times finfo(dtype).max: negative,
+    positive, and negative for 60% of the row, then standard normal."""
+    big = torch.finfo(dtype).max
+    level = 0.8 + 0.2 * torch.rand(3, 1, device=dev)
+    far = (big * level * (1 - 0.05 * torch.rand(3, sk, device=dev))).to(dtype)
+    far[0].neg_()
+    far[2].neg_()
+    far[2, int(0.6 * sk) :] = torch.randn(sk - int(0.6 * sk), device=dev, dtype=dtype)
+    return far.view(1, 1, 3, sk)
+
+
 def softmax_cases(dev: torch.device, reduced: bool, count: Counter) -> None:
     """Every softmax op, forward and backward, on every row length and dtype of the list."""
     for dtype in REDUCED_DTYPES if reduced else DTYPES:
@@ -84,6 +97,15 @@ def softmax_cases(dev: torch.device, reduced: bool, count: Counter) -> None:
                 y = ops.scaled_aligned_causal_masked_softmax(x, 0.5)
                 ops.scaled_aligned_causal_masked_softmax_bwd(dy, y, 0.5)
                 count(7)
+            # scores near the range ends (rows at 0.76-1 times finfo.max, negative and positive,
+            # and one that ends in ordinary scores): the cold branches where the shift
+            # fl(max * c) is coarse (shift_coarse: minus_max_block, the clusters' row_coarse,
+            # the two-pass rerun), and base e at a negative scale
+            far = range_end_scores(sk, dev, dtype)
+            ops.scaled_softmax(far, 0.7)
+            ops.scaled_softmax(far, -0.7)
+            ops.scaled_masked_softmax(far, mask[:1, :, :1].expand(1, 1, 3, sk), 0.7)
+            count(3)
             if sk == 33000:
                 # More rows than one wave of 8-CTA clusters holds (fp32 and 16-bit alike take
                 # clusters of 8 here): the backward's clusters walk several rows each, through
