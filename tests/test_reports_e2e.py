@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -357,3 +358,21 @@ def test_gpu_run_timeout_takes_seconds(tmp_path, value):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--timeout takes seconds" in proc.stderr
     assert list(tmp_path.iterdir()) == []  # no step ran
+
+
+def test_gpu_run_bundles_its_outputs_on_exit(tmp_path):
+    """The device returns at most 8 files: tools/gpu_run.sh packs every file of $OUT into
+    $OUT/all.tar.gz when it exits, a failed step included, and keeps that step's exit code."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_run.sh"), "--", "-q"],
+        cwd=ROOT,
+        env=child_env(OUT=str(tmp_path), PYTHON="false"),  # the build step fails
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    with tarfile.open(tmp_path / "all.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"./env.txt", "./build.log", "./build_time.txt"} <= names, names
+    assert "./all.tar.gz" not in names

@@ -3,7 +3,8 @@
 # tool), optionally compute-sanitizer's four tools over every kernel path and the module
 # (tools/sanitize.sh, beside the pytest run), ncu on the standing kernel list
 # (tools/ncu_softmax.py --table into $OUT/ncu.txt) and the benchmark (with the performance issue's
-# targets checked on its run: $OUT/targets.md); every log lands in $OUT (default ./gpu_out).
+# targets checked on its run: $OUT/targets.md); every log lands in $OUT (default ./gpu_out), and
+# on exit all of them in $OUT/all.tar.gz as well.
 # Exits non-zero when any step failed (unmet targets are not a failed step).
 #   tools/gpu_run.sh [--sanitize] [--ncu] [--bench] [--timeout S] [--] [python -m reports run args]
 # --timeout S stops the pytest run after S seconds (SIGTERM): the report then holds the cases that
@@ -31,6 +32,17 @@ while [ $# -gt 0 ]; do
 done
 failed=""  # the steps that failed; the exit code is the benchmark's own when only it failed
 final=0
+
+# The device returns at most 8 files from $OUT (top-level ones first, by name): on exit every file
+# also goes into one archive named to sort first, $OUT/all.tar.gz, so that report/report.json,
+# the sanitizers' logs and the benchmark's files come back with it.
+bundle() {
+  local tmp
+  tmp=$(mktemp /tmp/gpu_run_all.XXXXXX) || return
+  tar -czf "$tmp" -C "$OUT" --exclude=all.tar.gz . && mv "$tmp" "$OUT/all.tar.gz"
+  rm -f "$tmp"
+}
+trap bundle EXIT
 
 CC0=${CC:-} CXX0=${CXX:-}  # as given, for env.txt
 # shellcheck source=tools/gpu_env.sh
