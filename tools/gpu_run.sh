@@ -33,9 +33,10 @@ done
 failed=""  # the steps that failed; the exit code is the benchmark's own when only it failed
 final=0
 
-# The device returns at most 8 files from $OUT (top-level ones first, by name): on exit every file
-# also goes into one archive named to sort first, $OUT/all.tar.gz, so that report/report.json,
-# the sanitizers' logs and the benchmark's files come back with it.
+# The device returns at most 8 files from $OUT (on 2026-12-05 the top-level ones came first, by
+# name, then those in folders): on exit every file also goes into one archive named to sort
+# first, $OUT/all.tar.gz, so that report/report.json, the sanitizers' logs and the benchmark's
+# files come back with it.
 bundle() {
   local tmp
   tmp=$(mktemp /tmp/gpu_run_all.XXXXXX) || return
