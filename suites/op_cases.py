@@ -271,3 +271,19 @@ def bad_op_values(device):
             r"convert_thd_to_bshd: cu_seqlens\[2\] = 5 is past thd.shape\[0\] = 4",
         ),
     }
+
+
+def range_end_scores(x: torch.Tensor) -> torch.Tensor:
+    """x's shape and dtype, its rows (in turn) near the dtype's most negative value, near its
+    largest, and 60% near the most negative followed by x's own values: |values| of 0.76 to 1
+    times finfo.max, each row within 5% below a level of its own (so that long rows too have
+    maxima of many values, not the same one), with ties (bf16 holds 6 to 13 values in 5%)."""
+    big = torch.finfo(x.dtype).max
+    level = 0.8 + 0.2 * torch.rand(x.shape[:-1] + (1,), device=x.device)
+    u = level * (1 - 0.05 * torch.rand(x.shape, device=x.device))
+    far = (big * u).to(x.dtype)
+    rows = torch.arange(x.shape[-2], device=x.device).view(-1, 1)
+    cols = torch.arange(x.shape[-1], device=x.device)
+    kind = rows % 3
+    out = torch.where(kind == 1, far, -far)
+    return torch.where((kind == 2) & (cols >= 0.6 * x.shape[-1]), x, out)

@@ -19,6 +19,7 @@ from suites.op_cases import (
     cu_seqlens_from,
     random_data,
     random_mask,
+    range_end_scores,
 )
 from te_fast import ops as fast
 
@@ -121,22 +122,6 @@ def test_softmax_large_magnitude(variant, dtype_name, device_name, sk):
     _check_softmax(op, x, mask, 1.0)
 
 
-def _range_end_data(x: torch.Tensor) -> torch.Tensor:
-    """x's shape and dtype, its rows (in turn) near the dtype's most negative value, near its
-    largest, and 60% near the most negative followed by x's own values: |values| of 0.76 to 1
-    times finfo.max, each row within 5% below a level of its own (so that long rows too have
-    maxima of many values, not the same one), with ties (bf16 holds 6 to 13 values in 5%)."""
-    big = torch.finfo(x.dtype).max
-    level = 0.8 + 0.2 * torch.rand(x.shape[:-1] + (1,), device=x.device)
-    u = level * (1 - 0.05 * torch.rand(x.shape, device=x.device))
-    far = (big * u).to(x.dtype)
-    rows = torch.arange(x.shape[-2], device=x.device).view(-1, 1)
-    cols = torch.arange(x.shape[-1], device=x.device)
-    kind = rows % 3
-    out = torch.where(kind == 1, far, -far)
-    return torch.where((kind == 2) & (cols >= 0.6 * x.shape[-1]), x, out)
-
-
 # One row length per CUDA forward path (see ROW_LENGTHS): one-element chunks, a warp, one
 # 128-thread CTA, the long kernel on one CTA and on a cluster of four, the two-pass kernel.
 RANGE_END_LENGTHS = (17, 1000, 4096, 20000, 70000, 131080)
@@ -162,7 +147,7 @@ def test_softmax_range_end_scores(variant, dtype_name, device_name, sk, scale):
     _record(VARIANTS[variant][0], dtype_name, device_name, "range_end")
     device = devices.require(device_name)
     op, x, mask = _inputs(variant, sk, device, DTYPES[dtype_name], 2.0)
-    x = _range_end_data(x)
+    x = range_end_scores(x)
     record.case(shapes={"x": list(x.shape)})
     y, dx = _check_softmax(op, x, mask, scale)
     assert not torch.isnan(y).any() and not torch.isnan(dx).any()

@@ -35,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import te_fast  # noqa: E402
+from suites.op_cases import range_end_scores  # noqa: E402
 from te_fast import ops  # noqa: E402
 
 # Row lengths: one column; inside one thread's chunks; a warp's lanes (partial and whole);
@@ -63,18 +64,6 @@ class Counter:
               flush=True)  # fmt: skip
 
 
-def range_end_scores(sk: int, dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Three rows of sk scores within 5% below a level of 0.8-1 times finfo(dtype).max: negative,
-    positive, and negative for 60% of the row, then standard normal."""
-    big = torch.finfo(dtype).max
-    level = 0.8 + 0.2 * torch.rand(3, 1, device=dev)
-    far = (big * level * (1 - 0.05 * torch.rand(3, sk, device=dev))).to(dtype)
-    far[0].neg_()
-    far[2].neg_()
-    far[2, int(0.6 * sk) :] = torch.randn(sk - int(0.6 * sk), device=dev, dtype=dtype)
-    return far.view(1, 1, 3, sk)
-
-
 def softmax_cases(dev: torch.device, reduced: bool, count: Counter) -> None:
     """Every softmax op, forward and backward, on every row length and dtype of the list."""
     for dtype in REDUCED_DTYPES if reduced else DTYPES:
@@ -101,7 +90,7 @@ def softmax_cases(dev: torch.device, reduced: bool, count: Counter) -> None:
             # and one that ends in ordinary scores): the cold branches where the shift
             # fl(max * c) is coarse (shift_coarse: minus_max_block, the clusters' row_coarse,
             # the two-pass rerun), and base e at a negative scale
-            far = range_end_scores(sk, dev, dtype)
+            far = range_end_scores(torch.randn(1, 1, 3, sk, device=dev, dtype=dtype))
             ops.scaled_softmax(far, 0.7)
             ops.scaled_softmax(far, -0.7)
             ops.scaled_masked_softmax(far, mask[:1, :, :1].expand(1, 1, 3, sk), 0.7)
