@@ -213,7 +213,7 @@ class SoftmaxExample:
     mask_density: share of masked columns; masked_row: a query row index whose every column is
     masked (-1: none); neg_inf: share of scores set to -inf (only with scale > 0); range_end:
     scores of 0.75 to 1 times the dtype's largest magnitude instead of ``magnitude``'s, one sign
-    a row (only with 0 < scale <= 1, where the same-precision reference stays finite; for bf16
+    a row (only with 0 < |scale| <= 1, where the same-precision reference stays finite; for bf16
     the kernels' scale * log2 e times such a score is past fp32's range); *_layout: memory
     layouts (see LAYOUTS).
     """
