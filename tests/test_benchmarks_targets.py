@@ -106,6 +106,22 @@ def test_one_figure_across_the_line_fails_its_target_alone(stored, number, case,
     assert any(bad.case in line for line in lines)
 
 
+@pytest.mark.parametrize("iqrs_apart, inside", [(0.5, True), (3.0, False)])
+def test_a_time_miss_inside_the_spread_is_marked_and_still_fails(stored, iqrs_apart, inside):
+    """1c counts any excess; a miss by less than the rows' IQR says so in its text."""
+    run = passing(stored)
+    peer = row(run, "softmax/softmax_fwd/bf16/sk=1024/inductor")
+    ours = row(run, "softmax/scaled_softmax_fwd/bf16/sk=1024/te_fast")
+    ours["median_ms"] = peer["median_ms"] + iqrs_apart * peer["iqr_ms"]
+    ours["iqr_ms"] = peer["iqr_ms"]
+    t = by_number(run)["1c"]
+    assert t.verdict == "NOT met"
+    (bad,) = [c for c in t.checks if not c.ok]
+    assert bad.case == "bf16 scaled_softmax_fwd sk=1024 / inductor"
+    assert ("inside the IQRs" in bad.text) == inside
+    assert [c for c in t.checks if "IQR" in c.text] == ([bad] if inside else [])
+
+
 def test_module_and_host_bound_limits(stored):
     run = passing(stored)
     ref = row(run, "module/padding/fp16/composite.inductor")
