@@ -129,28 +129,33 @@ def bandwidth(rows: Rows, number, need, ops, dtypes, sks, floor) -> Target:
     return t
 
 
-def ratio(t: Target, case: str, ours: float | None, theirs: float | None, limit: float, what: str):
-    """Adds the case ours / theirs <= limit (times or bytes) to t, or notes it missing."""
+def ratio(
+    t: Target, case: str, ours: float | None, theirs: float | None, limit: float, what: str
+) -> Check | None:
+    """Adds the case ours / theirs <= limit (times or bytes) to t and returns it, or notes it
+    missing (None)."""
     if ours is None or theirs is None:
         t.missing.append(case)
-        return
+        return None
     r = ours / theirs
-    t.checks.append(Check(case, r, r <= limit, f"{r:.2f}x {what}"))
+    check = Check(case, r, r <= limit, f"{r:.2f}x {what}")
+    t.checks.append(check)
+    return check
 
 
-def _slower_by_less_than_the_spread(t: Target, ours: dict | None, theirs: dict | None) -> None:
-    """When t's last check is a time ratio that missed by less than either row's IQR, says so in
-    its text: the verdict stands (the target allows no excess), but the reader sees that the two
-    medians are closer than the run's own spread, a tie rather than a measured slowdown."""
-    if not t.checks or t.checks[-1].ok:
+def _slower_by_less_than_the_spread(check: Check | None, ours: dict, theirs: dict) -> None:
+    """When check, the time ratio of rows ours and theirs, missed by less than the larger of the
+    two rows' IQRs, says so in its text: the verdict stands (the target allows no excess), but the
+    reader sees that the two medians are closer than the run's own spread, a tie rather than a
+    measured slowdown."""
+    if check is None or check.ok:
         return
-    ours_ms, theirs_ms = _ms(ours), _ms(theirs)
     iqrs = [_value(r, "iqr_ms") for r in (ours, theirs)]
-    if ours_ms is None or theirs_ms is None or None in iqrs:
+    if None in iqrs:
         return
-    gap = ours_ms - theirs_ms
+    gap = _ms(ours) - _ms(theirs)  # both present: ratio made the check from them
     if gap < max(iqrs):
-        t.checks[-1].text += (
+        check.text += (
             f", {1e3 * gap:.2f} us slower, inside the IQRs"
             f" ({1e3 * iqrs[0]:.2f} / {1e3 * iqrs[1]:.2f} us)"
         )
@@ -172,8 +177,8 @@ def never_slower(rows: Rows) -> Target:
                     peers.append(("inductor", rows.softmax(peer_op, "inductor", dt, sk)))
                 for name, theirs in peers:
                     case = f"{dt} {op} sk={sk} / {name}"
-                    ratio(t, case, _ms(ours), _ms(theirs), 1.0, "the time")
-                    _slower_by_less_than_the_spread(t, ours, theirs)
+                    check = ratio(t, case, _ms(ours), _ms(theirs), 1.0, "the time")
+                    _slower_by_less_than_the_spread(check, ours, theirs)
     return t
 
 
