@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from suites import pinning
-from suites.impls import ADAPTERS
+from suites.adapters import ADAPTERS
+from suites.fuzz import profiles
 from suites.known_failures import KNOWN_FAILURES
 
 pytest_plugins = ["reports.plugin"]
+profiles.register()  # before hypothesis reads --hypothesis-profile
 
 
 def pytest_addoption(parser):
@@ -21,7 +23,7 @@ def pytest_addoption(parser):
         default=None,
         metavar="NAME",
         help="run the attention and compile suites for this adapter (repeatable); "
-        f"adapters: {', '.join(ADAPTERS)} (suites/impls.py); default: {', '.join(default)}",
+        f"adapters: {', '.join(ADAPTERS)} (suites/adapters/); default: {', '.join(default)}",
     )
 
 

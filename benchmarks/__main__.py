@@ -26,7 +26,6 @@ examples:
   python -m benchmarks --only softmax --dtypes bf16 --sk 128,2048 --reps 10
   python -m benchmarks --smoke --out /tmp/bench-smoke   CPU harness check (timings mean nothing)
   python -m benchmarks compare NEW.json OLD.json        flag ratios that fell by more than 10%
-  python -m benchmarks ab A1=a1.json B1=b1.json ...     runs side by side (tools/gpu_ab.sh)
   python -m benchmarks targets latest.json              the performance issue's targets on one run
 
 exit codes: 0 ok; 1 a result is WRONG or a case raised (ERROR); 2 cannot run here
@@ -45,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         default=None,
-        help="folder for latest.json/.md/.png (default: benchmarks/; smoke: a temp dir)",
+        help="folder for latest.json/.md/.png (default: benchmarks/out/; smoke: a temp dir)",
     )
     p.add_argument("--smoke", action="store_true", help="tiny CPU matrix: does the harness run?")
     p.add_argument(
@@ -269,10 +268,6 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import compare
 
         return compare.main(argv[1:])
-    if argv[:1] == ["ab"]:
-        from benchmarks import ab
-
-        return ab.main(argv[1:])
     if argv[:1] == ["targets"]:
         from benchmarks import targets
 
@@ -291,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
     elif plan.smoke:
         out = Path(tempfile.gettempdir()) / f"te_fast-bench-smoke-{os.getpid()}"
-    else:
-        out = Path(__file__).resolve().parent
+    else:  # untracked: the checked-in benchmarks/latest.* change only by --out benchmarks
+        out = Path(__file__).resolve().parent / "out"
     if not plan.smoke:
         print(planned(plan), flush=True)
         if "softmax" in plan.sections and plan.numel16 * 2 < L2_BYTES * 4:

@@ -33,12 +33,13 @@ import time
 
 import torch
 
+from benchmarks.cases import DTYPES as ALL_DTYPES
 from benchmarks.cases import AttnShape, Plan
 from benchmarks.module_bench import make_stack
 
 SHAPE = AttnShape(b=1, h=2, s=16, d=8)
 SMALL = Plan().small_shape  # the benchmark's small shape (b2 h16 s128 d64)
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {name: ALL_DTYPES[name] for name in ("bf16", "fp32")}
 
 
 def _step(stack, x, do):

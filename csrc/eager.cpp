@@ -9,7 +9,7 @@
 // included: 51 us through a Python autograd.Function, 36 us through this node, on a loaded
 // 2-core x86 CPU, 2026-12-04). Here the forward op runs below autograd, the node saves y and the
 // scale, and its backward calls the op's backward op, dx = <name>_bwd(dy, y, scale): the same
-// formula and the same kernels as the registered autograd (tests/test_eager_softmax.py checks
+// formula and the same kernels as the registered autograd (suites/test_eager_softmax.py checks
 // bit equality, double backward too).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>

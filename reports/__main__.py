@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--impl",
         action="append",
         metavar="NAME",
-        help="gate this adapter (repeatable; suites/impls.py): passed to pytest, runs "
+        help="gate this adapter (repeatable; suites/adapters/__init__.py): passed to pytest, runs "
         f"{', '.join(IMPL_SUITES)} unless pytest paths are given, and compares with the "
         "adapter's own baseline",
     )

@@ -9,16 +9,16 @@ it; never to hide a regression the gate should stop.
 KNOWN_FAILURES = {
     "suites/test_attention.py::test_alignment"
     "[bshd_bshd_bshd-bf16-padding-diag_br-pad_cu_seqlens-cuda-te_fast]": (
-        "dk 1.02x its bound at 1 of 118272 elements on the H200 (2026-12-03; the case is new, "
-        "from the alignment matrix); passes on the CPU at 0.33x, and the same shapes with other "
+        "dk 1.02x its bound at 1 of 118272 elements on the H200 (a case of the alignment "
+        "matrix); passes on the CPU at 0.33x, and the same shapes with other "
         "values pass on the H200 at 0.32-0.36x: not diagnosed (dk = dS^T q through cuBLAS in "
         "bf16 with the softmax backward's bf16 dS)"
     ),
     "suites/test_ops.py::test_softmax_range_end_scores"
     "[scaled_masked_softmax-bcast_mask-fp16-cuda-sk20000-scale1.0]": (
-        "dx 1.54x its bound at 1 of 300000 elements on the H200 (2026-12-05 11:16 and 14:33, "
-        "code of 8dd06b2 and 4cdd791): impl 0.351562, ref64 0.351772, ref_lp 0.351807 (the "
-        "bound, 1.36e-4, is under half an ulp at 0.35). Diagnosed at 14:33: the row's max is "
+        "dx 1.54x its bound at 1 of 300000 elements on the H200 (two runs): impl"
+        " 0.351562, ref64 0.351772, ref_lp 0.351807 (the "
+        "bound, 1.36e-4, is under half an ulp at 0.35). Diagnosed: the row's max is "
         "held by 5 columns, so y = 1/5, stored as fp16 0.199951 by both the kernel and the "
         "composite (the row's y are equal bit for bit, so the dots from them are too). From "
         "that fp16 y and dy = 1.523438, y * (dy - dot) = 0.351675 in double, whose fp16 "

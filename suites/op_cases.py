@@ -7,13 +7,12 @@ from dataclasses import dataclass
 import torch
 
 import te_ref
+from suites import cases
 from te_fast import _registry
 from te_fast import ops as fast
 
-DTYPES = {
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
+DTYPES = {  # suites.cases.DTYPES and the fp8 storage dtypes of the conversions
+    **cases.DTYPES,
     "fp8e4m3": torch.float8_e4m3fn,
     "fp8e5m2": torch.float8_e5m2,
 }

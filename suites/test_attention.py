@@ -7,8 +7,8 @@ import torch
 
 import te_ref
 from reports import record
-from suites import contracts, devices
-from suites.attention_check import check_case, prepare, run_impl
+from suites import devices
+from suites.adapters import Adapter, parametrize_per_adapter, require, selected
 from suites.cases import (
     AttnCase,
     alibi_matrix,
@@ -19,7 +19,8 @@ from suites.cases import (
     thd_inference_cases,
     varlen_cases,
 )
-from suites.impls import Adapter, parametrize_per_adapter, require, selected
+from suites.checks import contracts
+from suites.checks.attention import check_case, prepare, run_impl
 
 BROAD_COUNT = {"cpu": 60, "cuda": 160}
 

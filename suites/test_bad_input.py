@@ -17,8 +17,9 @@ import torch
 import te_fast
 import te_ref
 from reports import record
-from suites import contracts, devices
-from suites.fuzz_checks import poisoned_rows
+from suites import devices
+from suites.checks import contracts
+from suites.fuzz.checks import poisoned_rows
 from suites.op_cases import BAD_CU_SEQLENS, bad_op_calls, bad_op_values
 from te_fast import ops as fast
 from te_fast.fp8 import CurrentScaling, DelayedScaling

@@ -18,11 +18,12 @@ import torch
 from torch._dynamo.utils import counters
 
 from reports import record
-from suites import contracts, devices
-from suites.attention_check import judge_against_reference, prepare, run_impl
+from suites import devices
+from suites.adapters import ADAPTERS, parametrize_per_adapter, require, selected
 from suites.cases import AttnCase, make_inputs, sized
-from suites.impls import ADAPTERS, parametrize_per_adapter, require, selected
-from suites.numerics import assert_bitwise_equal
+from suites.checks import contracts
+from suites.checks.attention import judge_against_reference, prepare, run_impl
+from suites.checks.numerics import assert_bitwise_equal
 from te_ref.layouts import CONTRACT_LAYOUTS, LAYOUTS
 
 ITERATIONS = 4  # warm-up, record, replay, replay (the last one profiled)

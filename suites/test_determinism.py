@@ -4,7 +4,7 @@ Determinism: every op's forward and backward, and the module's forward and backw
 dropout, give the same bytes over 10 runs; with dropout, the same seed gives the same bytes.
 Batch invariance (what inference engines need for reproducible sampling): a softmax row's
 output and its backward row are the same bytes alone, in a batch of one, or anywhere inside a
-small or a large batch, on every kernel path (suites/invariance.py has the checks).
+small or a large batch, on every kernel path (suites/checks/invariance.py has the checks).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from dataclasses import replace
 import pytest
 
 from reports import record
-from suites import devices, invariance
+from suites import devices
 from suites.cases import AttnCase, sized
+from suites.checks import invariance
 from suites.op_cases import SOFTMAX_DTYPES, SOFTMAX_OPS
 
 DEVICES = devices.device_params()

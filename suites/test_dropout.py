@@ -20,9 +20,9 @@ import torch
 
 from reports import record
 from suites import devices
-from suites.adapter import Adapter
+from suites.adapters import parametrize_per_adapter, require
+from suites.adapters.base import Adapter
 from suites.cases import AttnCase
-from suites.impls import parametrize_per_adapter, require
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny tensors, one thread
 

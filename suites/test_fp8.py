@@ -11,9 +11,10 @@ from torch._dynamo.utils import counters
 
 import te_ref.fp8 as ref8
 from reports import record
-from suites import contracts, devices
+from suites import devices
 from suites.cases import AttnCase, make_inputs, sized
-from suites.numerics import K_BACKWARD, K_FORWARD, check_ratio
+from suites.checks import contracts
+from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_ratio
 from te_fast.fp8 import CurrentScaling, DelayedScaling, Float8Tensor, Format, make_state
 
 FP8_LAYOUTS = ("sbh3d", "bshd_bshd_bshd", "sbhd_sbhd_sbhd", "thd_thd_thd")

@@ -1,7 +1,7 @@
 """Property-based contract fuzzing (hypothesis): every op and UnfusedDotProductAttention on drawn
 inputs. Per example: no output aliases an input, no input byte changes, the fake matches the
-real output, the numerics equal te_ref's under SPEC §6 (suites/fuzz_checks.py has the checks,
-suites/fuzz_strategies.py what is drawn and the profiles: TE_FUZZ_PROFILE=ci|gpu|explore).
+real output, the numerics equal te_ref's under SPEC §6 (suites/fuzz/checks.py has the checks,
+suites/fuzz/strategies.py what is drawn; profiles: pytest --hypothesis-profile ci|gpu|explore).
 
 A failure prints hypothesis' shrunk "Falsifying example" and a ready-to-paste reproducer line.
 """
@@ -21,8 +21,8 @@ pytest.importorskip(
     "manylinux2014_x86_64 -d .whl, which tools/gpu_run.sh installs)",
 )
 
-from suites import fuzz_checks as fc  # noqa: E402
-from suites import fuzz_strategies as fs  # noqa: E402
+from suites.fuzz import checks as fc  # noqa: E402
+from suites.fuzz import strategies as fs  # noqa: E402
 from suites.op_cases import SOFTMAX_OPS  # noqa: E402
 
 DEVICES = devices.device_params()

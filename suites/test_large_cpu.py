@@ -4,7 +4,7 @@ One softmax forward and backward on a bf16 tensor of 2^31 + 3 * 4096 elements (4
 checked on the sampled rows (the first, those around element 2^31, the last) against te_ref
 under SPEC §6. Only the sampled rows of x and dy are written: the rest is fresh, never-touched
 memory that the kernel reads as whatever it holds (every row is independent). It runs in CI
-(8.7 GiB resident and ~85 s on CI's two cores, 2026-12-03) and skips with a reason where the
+(8.7 GiB resident and ~85 s on CI's two cores) and skips with a reason where the
 machine has less memory available; the GPU cases are in test_large.py (`-m large`).
 """
 
@@ -15,8 +15,8 @@ import torch
 
 import te_ref
 from reports import record
-from suites.fuzz_checks import softmax_bwd_refs
-from suites.numerics import K_BACKWARD, K_FORWARD, check_ratio
+from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_ratio
+from suites.fuzz.checks import softmax_bwd_refs
 from suites.test_large import SCALE, TWO31, GiB, _sample_rows
 from te_fast import ops as fast
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from reports import record
-from suites import contracts, devices
-from suites.numerics import assert_bitwise_equal
+from suites import devices
+from suites.checks import contracts
+from suites.checks.numerics import assert_bitwise_equal
 from suites.op_cases import CONTRACT_LAYOUTS, DTYPES, OP_NAMES, call, contract_args, op_dtypes
 
 CASES = [pytest.param(op, dt, id=f"{op}-{dt}") for op in OP_NAMES for dt in op_dtypes(op)]

@@ -8,7 +8,7 @@ import torch
 import te_ref
 from reports import record
 from suites import devices
-from suites.numerics import K_BACKWARD, K_FORWARD, check_exact, check_ratio
+from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_exact, check_ratio
 from suites.op_cases import (
     BAD_CU_SEQLENS,
     CONVERT_DTYPES,
@@ -140,7 +140,7 @@ def test_softmax_range_end_scores(variant, dtype_name, device_name, sk, scale):
     bf16, scale * log2 e times such a score is past fp32's range (the CUDA kernels' base-2
     exponent); for fp32 at a scale that fp32 does not hold exactly (0.7), a shift taken from
     fl(scale * x) is ~1e31 off the argument formed in double (NaN rows on the CPU before
-    this test). On the H100 (2026-12-05) it found two more: an argument x * scale - max fused
+    this test). On an H100 it found two more: an argument x * scale - max fused
     into one fma (the product's rounding error, ~1e22, in place of 0 at the max: fp32 rows NaN
     or 0 at scale 0.7), and bf16 rows whose shift fl(max * c) is finite but coarse (half an ulp
     of it is up to 2^103). The negative scale takes the 16-bit kernels' other exponent path."""

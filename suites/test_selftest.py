@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from reports import record
-from suites import broken_ops, contracts, devices
-from suites.numerics import check_ratio
+from suites import devices
+from suites.checks import broken_ops, contracts
+from suites.checks.numerics import check_ratio
 
 
 def _record(name, device_name):
@@ -41,7 +42,8 @@ def test_catches_aliased_output(device_name):
 
 _CAPTURE_PROGRAM = """
 import torch
-from suites import broken_ops, contracts
+from suites.checks import broken_ops
+from suites.checks import contracts
 static = [torch.randn(4, 33, device="cuda")]
 try:
     contracts.assert_graph_replay_matches_eager(
@@ -168,14 +170,14 @@ def test_ratio_rule_on_non_finite_values():
 
 # ----------------------------------------------------------------------------- fuzz checks
 # The property-based suite (suites/test_fuzz.py) run on deliberately broken stand-ins
-# (suites/broken_ops.py): each must be found, shrunk and printed with a reproducer.
+# (suites/checks/broken_ops.py): each must be found, shrunk and printed with a reproducer.
 
 HYPOTHESIS_MISSING = "hypothesis is not installed (pip install -e '.[test]')"
 
 
 def _fuzz_failure(check, strategy, match: str, examples: int = 100, **extra) -> AssertionError:
     pytest.importorskip("hypothesis", reason=HYPOTHESIS_MISSING)
-    from suites import fuzz_strategies as fs
+    from suites.fuzz import strategies as fs
 
     with record.suspended(), pytest.raises(AssertionError, match=match) as info:
         fs.fuzz(check, strategy, "cpu", examples, **extra)
@@ -200,8 +202,8 @@ def test_fuzz_catches_broken_softmax(broken, op, match):
     _record(f"fuzz_{broken}", "cpu")
     devices.require("cpu")
     pytest.importorskip("hypothesis", reason=HYPOTHESIS_MISSING)
-    from suites import fuzz_checks as fc
-    from suites import fuzz_strategies as fs
+    from suites.fuzz import checks as fc
+    from suites.fuzz import strategies as fs
 
     impl = getattr(broken_ops, broken)
     _fuzz_failure(fc.check_softmax_example, fs.softmax_examples(op, "cpu"), match, impl=impl)
@@ -214,13 +216,13 @@ def test_fuzz_catches_aliasing_conversion(direction):
     _record(f"fuzz_convert_no_copy_{direction}", "cpu")
     devices.require("cpu")
     pytest.importorskip("hypothesis", reason=HYPOTHESIS_MISSING)
-    from suites import fuzz_checks as fc
-    from suites import fuzz_strategies as fs
+    from suites.fuzz import checks as fc
+    from suites.fuzz import strategies as fs
 
     # With the fuzz's explicit examples, as test_fuzz.py runs it: one of them is a full sequence,
     # the case this defect needs (no padding, no trailing token), which the drawn examples reach
     # only by chance (their derandomized draws changed with the import order: the test failed
-    # after suites/test_determinism.py in one process, 2026-12-04).
+    # after suites/test_determinism.py in one process).
     _fuzz_failure(
         fc.check_convert_example, fs.convert_examples(direction), "shares storage",
         examples=500, impl=broken_ops.convert_no_copy, explicit=fs.convert_explicit(direction),
@@ -238,8 +240,8 @@ def test_fuzz_catches_broken_module(adapter_name, match):
     _record(f"fuzz_{adapter_name}", "cpu")
     devices.require("cpu")
     pytest.importorskip("hypothesis", reason=HYPOTHESIS_MISSING)
-    from suites import fuzz_checks as fc
-    from suites import fuzz_strategies as fs
+    from suites.fuzz import checks as fc
+    from suites.fuzz import strategies as fs
 
     adapter = broken_ops.BROKEN_ADAPTERS[adapter_name]
     _fuzz_failure(
@@ -255,7 +257,7 @@ def test_determinism_catches_jitter():
     """An op whose output varies by one ulp from call to call fails the 10-run check."""
     _record("jittery", "cpu")
     devices.require("cpu")
-    from suites import invariance
+    from suites.checks import invariance
 
     with pytest.raises(AssertionError, match=r"run \d+ vs run 0: \d+ bytes differ"):
         invariance.check_determinism("scaled_softmax", "fp32", "cpu", 100, impl=broken_ops.jittery)
@@ -266,7 +268,7 @@ def test_batch_invariance_catches_batch_variant(sk):
     """A softmax whose row sums depend on the batch size fails the batch-invariance check."""
     _record(f"batch_variant_sk{sk}", "cpu")
     devices.require("cpu")
-    from suites import invariance
+    from suites.checks import invariance
 
     with pytest.raises(AssertionError, match="bytes differ"):
         invariance.check_batch_invariance(
@@ -277,8 +279,8 @@ def test_batch_invariance_catches_batch_variant(sk):
 def test_module_determinism_catches_jitter():
     _record("jittery_module", "cpu")
     device = devices.require("cpu")
-    from suites import invariance
     from suites.cases import AttnCase
+    from suites.checks import invariance
 
     case = AttnCase("bshd_bshd_bshd", "fp32", "causal", device="cpu", b=2, sq=9, skv=9, h=2,
                     hg=2, d=8, dv=8)  # fmt: skip
@@ -290,8 +292,8 @@ def test_module_determinism_catches_jitter():
 def test_dropout_seed_check_catches_unseeded_dropout():
     _record("unseeded_dropout", "cpu")
     device = devices.require("cpu")
-    from suites import invariance
     from suites.cases import AttnCase
+    from suites.checks import invariance
 
     case = AttnCase("bshd_bshd_bshd", "fp32", "causal", device="cpu", b=2, sq=9, skv=9, h=2,
                     hg=2, d=8, dv=8)  # fmt: skip

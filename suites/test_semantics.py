@@ -40,9 +40,9 @@ import torch
 import te_ref
 from reports import record
 from suites import devices
-from suites.adapter import Adapter
+from suites.adapters import parametrize_per_adapter
+from suites.adapters.base import Adapter
 from suites.cases import DTYPES, AttnCase
-from suites.impls import parametrize_per_adapter
 from te_ref.layouts import parse_layout
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny tensors, one thread

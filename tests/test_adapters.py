@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reports.model import load_report
-from suites.impls import ADAPTERS, CAPABILITIES
+from suites.adapters import ADAPTERS, CAPABILITIES
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "adapter_fixtures"

@@ -255,9 +255,9 @@ def _softmax_row(fraction: float, status: str = "ok", impl: str = "te_fast") -> 
 
 
 def test_ab_table_medians_and_changes(tmp_path, capsys):
-    """python -m benchmarks ab: one column per run, the median per build (A1, A2 -> A) and the
+    """tools/gpu/ab_table.py: one column per run, the median per build (A1, A2 -> A) and the
     change from the first build, in points; a run's failed row shows as "-!" and is left out."""
-    from benchmarks import ab
+    from tools.gpu import ab_table as ab
 
     module = {"case": "module/causal/bf16/te_fast", "impl": "te_fast", "status": "ok",
               "speedup": 3.0}  # fmt: skip
@@ -281,7 +281,7 @@ def test_ab_table_medians_and_changes(tmp_path, capsys):
 
 
 def test_ab_bad_arguments_exit_2(tmp_path, capsys):
-    from benchmarks import ab
+    from tools.gpu import ab_table as ab
 
     good = _ab_run(tmp_path, "A1", [_softmax_row(0.8)])
     assert ab.main([good, "B1"]) == 2  # no =PATH
@@ -293,9 +293,9 @@ def test_ab_bad_arguments_exit_2(tmp_path, capsys):
 
 
 def test_gpu_ab_refuses_cleanly_without_a_gpu(tmp_path):
-    """tools/gpu_ab.sh: usage and argument errors (candidates included), and no CUDA device, all
+    """tools/gpu/ab.sh: usage and argument errors (candidates included), and no CUDA device, all
     exit 2 with a reason (before copying or building anything)."""
-    script = ROOT / "tools" / "gpu_ab.sh"
+    script = ROOT / "tools" / "gpu" / "ab.sh"
     base = tmp_path / "base"
     (base / "csrc").mkdir(parents=True)
     env = dict(os.environ, OUT=str(tmp_path / "out"), AB_WORK=str(tmp_path / "work"))
@@ -340,11 +340,11 @@ def test_misaligned_run_names_its_rows_and_offsets_its_inputs(tmp_path, capsys):
 
 
 def test_profile_stack_plumbing(capsys):
-    """tools/profile_stack.py: both stacks, wall clock and the host profile, on the CPU (no
+    """tools/gpu/profile_stack.py: both stacks, wall clock and the host profile, on the CPU (no
     kernels there); a mode it does not know is refused."""
     import sys
 
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "gpu"))
     import profile_stack
 
     args = ["--shape", "tiny", "--layers", "1", "--modes", "eager", "--rounds", "2", "--host"]

@@ -1,4 +1,4 @@
-"""The mutation harness (suites/mutation.py) and its catalogue: every planted defect still matches
+"""The mutation harness (suites/mutation/) and its catalogue: every planted defect still matches
 the tree exactly once, and the harness tells a caught defect from a survivor, an error and a
 defect it cannot run, on a toy project small enough for CI."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from reports.model import build_report
 from reports.render import MUTATION_FILE, render
-from suites import mutation as mut
-from suites.mutation_catalogue import (
+from suites.mutation import harness as mut
+from suites.mutation.catalogue import (
     BY_NAME,
     DEFECTS,
     DEVICES,

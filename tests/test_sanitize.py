@@ -1,5 +1,5 @@
 """The compute-sanitizer step without a GPU: the driver's dry run on the CPU (every case it would
-run under the sanitizer, with the CPU's error-or-poison expectations), tools/sanitize.sh's logic
+run under the sanitizer, with the CPU's error-or-poison expectations), tools/sanitize/run.sh's logic
 against a stand-in compute-sanitizer (tests/sanitize_fixtures), and the log summary."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import sanitize_summary
+from tools.sanitize import summary as sanitize_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 STUB = ROOT / "tests" / "sanitize_fixtures" / "compute-sanitizer"
@@ -34,7 +34,7 @@ def test_driver_dry_run_on_cpu(reduced):
 
     if te_fast.device_unavailable_reason("cpu"):
         pytest.skip(te_fast.device_unavailable_reason("cpu"))
-    cmd = [sys.executable, "tools/sanitize_ops.py", "--device", "cpu", "--module"]
+    cmd = [sys.executable, "tools/sanitize/ops.py", "--device", "cpu", "--module"]
     result = subprocess.run(
         cmd + (["--reduced"] if reduced else []), cwd=ROOT, env=_env(), capture_output=True,
         text=True, timeout=600,
@@ -48,7 +48,8 @@ def test_driver_dry_run_on_cpu(reduced):
 
 def test_driver_case_lists_cover_the_issue():
     """The softmax widths, the conversion cases and the module's axes the issue names."""
-    from tools import sanitize_module, sanitize_ops
+    from tools.sanitize import module as sanitize_module
+    from tools.sanitize import ops as sanitize_ops
 
     for sk in (1, 32, 100, 1024, 4096, 20000, 131080, 140000):
         assert sk in sanitize_ops.COLS
@@ -79,7 +80,7 @@ def _sanitize(tmp_path, **env) -> tuple[subprocess.CompletedProcess, str]:
     settings = {"SANITIZER": str(STUB), "SANITIZE_DEVICE": "cpu", "PYTHON": sys.executable,
                 "SANITIZE_DRIVER_ARGS": "--reduced", "STUB_CALLS": str(calls), **env}  # fmt: skip
     result = subprocess.run(
-        ["bash", "tools/sanitize.sh", str(out)], cwd=ROOT, capture_output=True, text=True,
+        ["bash", "tools/sanitize/run.sh", str(out)], cwd=ROOT, capture_output=True, text=True,
         timeout=600, env=_env(**settings),
     )  # fmt: skip
     return result, calls.read_text() if calls.exists() else ""

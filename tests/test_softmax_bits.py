@@ -1,4 +1,4 @@
-"""tools/softmax_bits.py: the bitwise A/B of two te_fast builds. On the CPU (the quick matrix):
+"""tools/gpu/softmax_bits.py: the bitwise A/B of two te_fast builds. On the CPU (the quick matrix):
 two runs of one build are bitwise equal, in digest files, tensor files and one of each; a
 one-bit change in any output, a changed shape or a missing output is reported."""
 
@@ -15,7 +15,7 @@ te_fast = pytest.importorskip("te_fast")
 if te_fast.UNAVAILABLE_REASON is not None:
     pytest.skip(f"te_fast unavailable: {te_fast.UNAVAILABLE_REASON}", allow_module_level=True)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "gpu"))
 import softmax_bits  # noqa: E402
 
 QUICK = ["--device", "cpu", "--quick"]

@@ -14,9 +14,9 @@ import torch
 
 import te_fast.fp8
 from reports.model import load_report
-from suites import te_adapter
+from suites.adapters import ADAPTERS
+from suites.adapters import transformer_engine as te_adapter
 from suites.cases import AttnCase, make_inputs, sized
-from suites.impls import ADAPTERS
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_TE = ROOT / "tests" / "te_fixtures" / "fake_te"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: environment, a timed build, the given pytest run (through the report
 # tool), optionally compute-sanitizer's four tools over every kernel path and the module
-# (tools/sanitize.sh, beside the pytest run), ncu on the standing kernel list
-# (tools/ncu_softmax.py --table into $OUT/ncu.txt) and the benchmark (with the performance issue's
+# (tools/sanitize/run.sh, beside the pytest run), ncu on the standing kernel list
+# (tools/gpu/ncu_softmax.py --table into $OUT/ncu.txt) and the benchmark (with the performance issue's
 # targets checked on its run: $OUT/targets.md); every log lands in $OUT (default ./gpu_out), and
 # on exit all of them in $OUT/all.tar.gz as well.
 # Exits non-zero when any step failed (unmet targets are not a failed step).
@@ -46,9 +46,9 @@ bundle() {
 trap bundle EXIT
 
 CC0=${CC:-} CXX0=${CXX:-}  # as given, for env.txt
-# shellcheck source=tools/gpu_env.sh
-. "$(dirname "$(readlink -f "$0")")/gpu_env.sh"
-gpu_env /tmp/site  # the carried wheels; the distribution's g++ (see gpu_env.sh)
+# shellcheck source=tools/gpu/env.sh
+. "$(dirname "$(readlink -f "$0")")/gpu/env.sh"
+gpu_env /tmp/site  # the carried wheels; the distribution's g++ (see tools/gpu/env.sh)
 
 {
   date -u
@@ -91,7 +91,7 @@ fi
 
 if [ $sanitize -eq 1 ]; then
   # its own processes (PYTORCH_NO_CUDA_MEMORY_CACHING=1), beside the pytest run below
-  PYTHON=$PY tools/sanitize.sh "$OUT/sanitize" > "$OUT/sanitize.log" 2>&1 &
+  PYTHON=$PY tools/sanitize/run.sh "$OUT/sanitize" > "$OUT/sanitize.log" 2>&1 &
   sanitize_pid=$!
   echo "sanitize: compute-sanitizer ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck} started (logs in $OUT/sanitize)"
 fi
@@ -108,7 +108,7 @@ if [ $sanitize -eq 1 ]; then
   [ "$sanitize_rc" -eq 0 ] || { failed+=" sanitize"; final=1; }
 fi
 if [ $ncu -eq 1 ]; then
-  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 420 $PY tools/ncu_softmax.py --table 2>&1 | tee "$OUT/ncu.txt"
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 420 $PY tools/gpu/ncu_softmax.py --table 2>&1 | tee "$OUT/ncu.txt"
 fi
 if [ $bench -eq 1 ]; then
   # one line per result as it goes (also in bench.log); the summary and any WRONG/ERROR last

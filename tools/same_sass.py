@@ -10,10 +10,10 @@ Compiles each csrc/cuda/*.cu of both sides for sm_90 (kernel_resources.py's flag
 kernel. No GPU is needed. A refactor of the kernel source (a renamed variable, a hoisted helper, a
 comment) that compiles to the same SASS runs the same instructions on the same data: the same
 bits and the same speed, proven without a GPU. A change that is meant to alter the code is what
-tools/gpu_ab.sh measures.
+tools/gpu/ab.sh measures.
 
 It compares device code only: a change to the host side of a .cu (which kernel a launcher picks,
-the grid it sizes) is not seen, and needs tools/softmax_bits.py and the benchmark on a GPU.
+the grid it sizes) is not seen, and needs tools/gpu/softmax_bits.py and the benchmark on a GPU.
 
 The comparison is of the whole disassembly, with the assembler's local labels (.L_x_N) and
 nvcc's out-of-line helpers ($__internal_N_$..., a double division's slow path), both numbered

@@ -1,7 +1,7 @@
 """Broken and dishonest adapters, registered as a pytest plugin (`-p selftest_adapters`), that the
 capability tests must catch; tests/test_adapters.py runs the suites on them in a child pytest."""
 
-from suites import impls
+from suites import adapters as impls
 
 
 class IgnoresDropout(impls.TeFast):

@@ -1,6 +1,6 @@
 """Where one forward+backward of the benchmark's small-shape stack spends its time.
 
-    python tools/profile_stack.py [--layers 8] [--modes eager,default,reduce-overhead] [--host]
+    python tools/gpu/profile_stack.py [--layers 8] [--modes eager,default,reduce-overhead] [--host]
 
 For te_fast and the composite in each mode (eager; torch.compile's default mode, whose kernels
 are those a CUDA graph would replay; reduce-overhead, the CUDA graphs themselves), one step being
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import peers  # noqa: E402
 from benchmarks.cases import AttnShape  # noqa: E402
 from benchmarks.module_bench import make_stack, make_step  # noqa: E402

@@ -1,8 +1,9 @@
-"""hypothesis strategies for the examples of suites/fuzz_checks.py, the settings profiles, and
+"""hypothesis strategies for the examples of suites/fuzz/checks.py, the settings profiles, and
 `fuzz()`, which runs one check over drawn examples. Import only after
 `pytest.importorskip("hypothesis")`.
 
-Profiles (environment variable TE_FUZZ_PROFILE; TE_FUZZ_EXAMPLES=N overrides the count):
+Profiles, chosen with hypothesis' own `pytest --hypothesis-profile NAME` (registered by
+suites/fuzz/profiles.py; TE_FUZZ_EXAMPLES=N overrides the count):
   ci       the default: a fixed seed (derandomize) and a small budget per device, so that CI
            (2 cores, CPU) spends about a minute in all fuzz tests together
   gpu      a fixed seed and several times the examples, for a GPU machine
@@ -15,34 +16,17 @@ from __future__ import annotations
 import os
 
 import hypothesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase
 
 from suites.cases import BIAS_SHAPES, AttnCase
-from suites.fuzz_checks import CORRUPTIONS, LAYOUTS, ConvertExample, ModuleExample, SoftmaxExample
+from suites.fuzz.checks import CORRUPTIONS, LAYOUTS, ConvertExample, ModuleExample, SoftmaxExample
+from suites.fuzz.profiles import PROFILES, profile_name
 from suites.op_cases import CONVERT_DTYPES, SOFTMAX_DTYPES
 from te_ref.layouts import ATTN_MASK_TYPES, parse_layout
 from te_ref.layouts import LAYOUTS as QKV_LAYOUTS
 
-# examples per test: profile -> device -> kind -> count
-PROFILES = {
-    "ci": {"cpu": {"softmax": 60, "convert": 80, "module": 25},
-           "cuda": {"softmax": 150, "convert": 150, "module": 60}},
-    "gpu": {"cpu": {"softmax": 150, "convert": 200, "module": 100},
-            "cuda": {"softmax": 600, "convert": 500, "module": 250}},
-    "explore": {"cpu": {"softmax": 2000, "convert": 2000, "module": 1000},
-                "cuda": {"softmax": 4000, "convert": 3000, "module": 2000}},
-}  # fmt: skip
-PROFILE_ENV = "TE_FUZZ_PROFILE"
 EXAMPLES_ENV = "TE_FUZZ_EXAMPLES"
-
-
-def profile_name() -> str:
-    name = os.environ.get(PROFILE_ENV, "ci")
-    if name not in PROFILES:
-        raise ValueError(f"{PROFILE_ENV}={name!r}: expected one of {sorted(PROFILES)}")
-    return name
 
 
 def examples(device: str, kind: str) -> int:
@@ -52,28 +36,11 @@ def examples(device: str, kind: str) -> int:
 
 
 def fuzz_settings(max_examples: int, shrink: bool = True) -> settings:
-    explore = profile_name() == "explore"
+    """The loaded profile's settings (seed, database, health checks) with this test's count."""
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
     if shrink:
         phases += [Phase.shrink, Phase.explain]
-    return settings(
-        max_examples=max_examples,
-        # CI: derandomized, but the draws also depend on the constants hypothesis (6.1xx) gathers
-        # from the project's modules loaded so far, so another subset or order of tests (xdist
-        # workers) can draw other examples; the explicit examples are the fixed part
-        derandomize=not explore,
-        database=DirectoryBasedExampleDatabase(".hypothesis/examples") if explore else None,
-        deadline=None,
-        phases=phases,
-        print_blob=True,
-        report_multiple_bugs=False,
-        suppress_health_check=[
-            HealthCheck.too_slow,
-            HealthCheck.data_too_large,
-            HealthCheck.filter_too_much,
-            HealthCheck.function_scoped_fixture,
-        ],
-    )
+    return settings(settings.get_profile(profile_name()), max_examples=max_examples, phases=phases)
 
 
 def fuzz(

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from suites.attention_check import run_impl
+from suites.adapters import ADAPTERS
 from suites.cases import AttnCase, make_inputs
-from suites.fuzz_checks import OpImpl, te_fast_op
-from suites.impls import ADAPTERS
-from suites.numerics import assert_bitwise_equal
+from suites.checks.attention import run_impl
+from suites.checks.numerics import assert_bitwise_equal
+from suites.fuzz.checks import OpImpl, te_fast_op
 from suites.op_cases import DTYPES, SOFTMAX_OPS
 
 RUNS = 10

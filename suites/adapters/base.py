@@ -1,7 +1,7 @@
 """The adapter interface: what an implementation supports (as data) and how it is called.
 
 Subclass Adapter, declare what the implementation supports and which CAPABILITIES it has, and
-register it in suites/impls.py ADAPTERS.
+register it in suites/adapters/__init__.py ADAPTERS.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import torch
 
-from suites.adapter import Adapter
+from suites.adapters.base import Adapter
 from suites.cases import AttnCase
 from te_ref.layouts import LAYOUTS, parse_layout
 

@@ -10,7 +10,7 @@ import torch
 import torch._inductor.cudagraph_trees
 from torch._dynamo.utils import counters
 
-from suites.numerics import assert_bitwise_equal
+from suites.checks.numerics import assert_bitwise_equal
 
 
 def _tensors(args) -> list[torch.Tensor]:

@@ -51,8 +51,8 @@ class SuiteSet:
 
 # test_selftest.py checks the checks (against deliberately broken stand-ins), not te_fast, and
 # test_large.py (-m large) needs ~40 GiB per test: neither belongs to the set a defect must pass.
-# tests/test_eager_softmax.py and tests/test_eager_core.py test te_fast's eager paths directly.
-_TE_FAST_TESTS = ("suites", "tests/test_eager_softmax.py", "tests/test_eager_core.py")
+# suites/test_eager_softmax.py and suites/test_eager_core.py test te_fast's eager paths directly.
+_TE_FAST_TESTS = ("suites", "suites/test_eager_softmax.py", "suites/test_eager_core.py")
 SUITES = {
     "cpu": SuiteSet(_TE_FAST_TESTS, "not gpu and not large", ("suites/test_selftest.py",)),
     "cuda": SuiteSet(_TE_FAST_TESTS, "gpu and not large", ("suites/test_selftest.py",)),
@@ -217,7 +217,7 @@ _PY = [
         "        ds = softmax_bwd(dp, p, scale)",
         "        ds = softmax_bwd(dp, p, 1.0)",
         "the attention core (eager and its registered backward op) drops the scale in its backward",
-        ("tests/test_eager_core.py",),
+        ("suites/test_eager_core.py",),
     ),
     Defect(
         "per_head_mask_first_head", "cpu", "te_fast/_eager.py",

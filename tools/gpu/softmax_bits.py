@@ -1,9 +1,9 @@
 """Bitwise A/B of two te_fast builds: save every softmax op's outputs on a fixed input matrix,
 then compare two saved files bit for bit.
 
-    python tools/softmax_bits.py save A.json [--device cuda] [--quick]   (with build A importable)
-    python tools/softmax_bits.py save B.json [--device cuda] [--quick]   (with build B importable)
-    python tools/softmax_bits.py compare A.json B.json
+    python tools/gpu/softmax_bits.py save A.json [--device cuda] [--quick]  (build A importable)
+    python tools/gpu/softmax_bits.py save B.json [--device cuda] [--quick]  (build B importable)
+    python tools/gpu/softmax_bits.py compare A.json B.json
 
 For a kernel change meant to keep every result (a new reduction protocol, a branch made a
 select, a refactor), this says whether it did, on far more shapes than the suites' tolerance
@@ -32,7 +32,8 @@ from collections.abc import Iterator
 
 import torch
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+from suites.cases import DTYPES
+
 LENGTHS = (32, 100, 128, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 65537)
 QUICK_LENGTHS = (32, 100, 1000)
 

@@ -1,10 +1,10 @@
 """UnfusedDotProductAttention's forward and backward over every layout family, mask type, GQA,
 sink softmax, bias, window, dropout and the FP8 island, for compute-sanitizer; called by
-tools/sanitize_ops.py --module (one process per tool), or on its own:
+tools/sanitize/ops.py --module (one process per tool), or on its own:
 
     PYTHONPATH=. PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        --error-exitcode 1 python3 tools/sanitize_module.py
-    PYTHONPATH=. python3 tools/sanitize_module.py --device cpu      # dry run, no GPU
+        --error-exitcode 1 python3 tools/sanitize/module.py
+    PYTHONPATH=. python3 tools/sanitize/module.py --device cpu      # dry run, no GPU
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import te_fast  # noqa: E402
 from suites.cases import AttnCase, make_inputs  # noqa: E402

@@ -9,10 +9,11 @@ import torch
 
 import te_ref
 from reports import record
-from suites import contracts, devices
+from suites import devices
+from suites.adapters import Adapter
 from suites.cases import DTYPES, AttnCase, AttnInputs, make_inputs
-from suites.impls import Adapter
-from suites.numerics import K_BACKWARD, K_FORWARD, check_ratio
+from suites.checks import contracts
+from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_ratio
 
 GRAD_NAMES = {"bias": "dbias", "offset": "dsoftmax_offset"}
 

@@ -31,12 +31,12 @@ te_fast = pytest.importorskip("te_fast")
 if te_fast.UNAVAILABLE_REASON is not None:
     pytest.skip(f"te_fast unavailable: {te_fast.UNAVAILABLE_REASON}", allow_module_level=True)
 
-from suites import contracts  # noqa: E402
-from suites.attention_check import judge_against_reference, run_impl  # noqa: E402
-from suites.cases import AttnCase, make_inputs  # noqa: E402
+from suites.adapters import ADAPTERS  # noqa: E402
+from suites.cases import DTYPES, AttnCase, make_inputs  # noqa: E402
+from suites.checks import contracts  # noqa: E402
+from suites.checks.attention import judge_against_reference, run_impl  # noqa: E402
 from suites.devices import device_params, require  # noqa: E402
-from suites.fuzz_checks import ModuleExample, check_module_example  # noqa: E402
-from suites.impls import ADAPTERS  # noqa: E402
+from suites.fuzz.checks import ModuleExample, check_module_example  # noqa: E402
 from te_fast import _eager  # noqa: E402
 from te_fast.attention import UnfusedDotProductAttention  # noqa: E402
 
@@ -278,7 +278,6 @@ OP_KINDS = {
     "scaled_aligned_causal_masked_softmax": None,
 }
 OP_SPLITS = {"batch": (0, [0, 1, 3]), "heads": (1, [0, 1, 2, 4]), "one": (0, [0, 3])}
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _op_args(dtype, kind, split, requires_grad, seed=0):

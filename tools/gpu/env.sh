@@ -1,4 +1,4 @@
-# Sourced by tools/gpu_run.sh and tools/gpu_ab.sh: the setup both need on a GPU machine.
+# Sourced by tools/gpu_run.sh and tools/gpu/ab.sh: the setup both need on a GPU machine.
 #   gpu_env SITE   wheels carried in .whl/ (the machine has no registry) installed into SITE and
 #                  put on PYTHONPATH; CC/CXX set to the distribution's compilers where they exist.
 # This image's CXX (/opt/gcc/bin/g++) is a wrapper whose extensions crash when a C++ exception

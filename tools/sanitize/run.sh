@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# compute-sanitizer memcheck, racecheck, initcheck and synccheck over tools/sanitize_ops.py
+# compute-sanitizer memcheck, racecheck, initcheck and synccheck over tools/sanitize/ops.py
 # --module (every kernel path of the ops, and the module's forward and backward), the four tools
 # side by side (one process each); one summary line per tool; exit 1 on any finding, a tool
 # that did not finish, or a driver that failed.
-#   tools/sanitize.sh OUTDIR
+#   tools/sanitize/run.sh OUTDIR
 # Environment (defaults): PYTHON (python3), SANITIZER (compute-sanitizer), SANITIZE_TOOLS
 # ("memcheck racecheck initcheck synccheck"), SANITIZE_TIMEOUT (360 s per tool), SANITIZE_JOBS
 # (4: tools at once), SANITIZE_TE_FAST_ONLY (0; 1: every tool checks te_fast's kernels only;
 # racecheck always does, and runs the driver's --reduced list: it is ~100x slower),
 # SANITIZE_DEVICE (cuda), SANITIZE_DRIVER_ARGS (more driver arguments).
 set -uo pipefail
-OUTDIR=${1:?usage: tools/sanitize.sh OUTDIR}
-cd "$(dirname "$0")/.."
+OUTDIR=${1:?usage: tools/sanitize/run.sh OUTDIR}
+cd "$(dirname "$0")/../.."
 mkdir -p "$OUTDIR"
 PY=${PYTHON:-python3}
 SANITIZER=${SANITIZER:-compute-sanitizer}
@@ -39,7 +39,7 @@ run_tool() {  # tool index
   # shellcheck disable=SC2086
   timeout --kill-after=20 "$TIMEOUT" "$SANITIZER" --tool "$tool" --error-exitcode 1 \
     --print-limit 100 --port "$port" --log-file "$OUTDIR/$tool.log" "${filter[@]}" \
-    "$PY" tools/sanitize_ops.py "${driver[@]}" ${SANITIZE_DRIVER_ARGS:-} \
+    "$PY" tools/sanitize/ops.py "${driver[@]}" ${SANITIZE_DRIVER_ARGS:-} \
     > "$OUTDIR/$tool.out" 2>&1
   echo $? > "$OUTDIR/$tool.rc"
 }
@@ -56,7 +56,7 @@ wait
 echo "sanitize: $TOOLS in $(($(date +%s) - start)) s ($(cat "$OUTDIR/version.txt"))" \
   > "$OUTDIR/summary.txt"
 # shellcheck disable=SC2086
-"$PY" tools/sanitize_summary.py "$OUTDIR" --timeout "$TIMEOUT" $TOOLS >> "$OUTDIR/summary.txt"
+"$PY" tools/sanitize/summary.py "$OUTDIR" --timeout "$TIMEOUT" $TOOLS >> "$OUTDIR/summary.txt"
 rc=$?
 cat "$OUTDIR/summary.txt"
 exit $rc

@@ -1,6 +1,6 @@
-"""One line per compute-sanitizer tool from tools/sanitize.sh's logs; exit 1 on any finding.
+"""One line per compute-sanitizer tool from tools/sanitize/run.sh's logs; exit 1 on any finding.
 
-    python tools/sanitize_summary.py OUTDIR [--timeout S] memcheck racecheck initcheck synccheck
+    python tools/sanitize/summary.py OUTDIR [--timeout S] memcheck racecheck initcheck synccheck
 
 A tool passes when its log has a summary with 0 errors (racecheck: 0 hazards, errors and
 warnings alike), its exit code is 0 and the driver said it was done. Findings are attributed

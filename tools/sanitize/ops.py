@@ -1,9 +1,9 @@
-"""Drive every te_fast kernel path at its edges, for compute-sanitizer (tools/sanitize.sh runs
+"""Drive every te_fast kernel path at its edges, for compute-sanitizer (tools/sanitize/run.sh runs
 memcheck, racecheck, initcheck and synccheck over it; tools/gpu_run.sh --sanitize calls that).
 
     PYTHONPATH=. PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        --error-exitcode 1 python3 tools/sanitize_ops.py --module
-    PYTHONPATH=. python3 tools/sanitize_ops.py --device cpu --module     # dry run, no GPU
+        --error-exitcode 1 python3 tools/sanitize/ops.py --module
+    PYTHONPATH=. python3 tools/sanitize/ops.py --device cpu --module     # dry run, no GPU
 
 Without the caching allocator every tensor is its own cudaMalloc, so a read or write past a
 tensor's end is outside any allocation and memcheck reports it (inside a cached block it would
@@ -18,7 +18,7 @@ output, and bad cu_seqlens (non-monotone, negative, past the buffer, a nonzero s
 longer than max_seqlen, num_tokens too small), which the kernels must survive without leaving the
 tensors: on CUDA (without TE_FAST_DEBUG_CHECKS) they poison with NaN, on the CPU the op raises;
 both are checked.
---module adds tools/sanitize_module.py (the module's forward and backward). --reduced is the
+--module adds tools/sanitize/module.py (the module's forward and backward). --reduced is the
 shorter list for racecheck, which is about a hundred times slower.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import te_fast  # noqa: E402
 from suites.op_cases import range_end_scores  # noqa: E402
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reduced", action="store_true", help="the short list (racecheck)")
     parser.add_argument(
         "--module", action="store_true",
-        help="also the module's forward and backward (tools/sanitize_module.py)",
+        help="also the module's forward and backward (tools/sanitize/module.py)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     reason = te_fast.device_unavailable_reason(args.device)
@@ -219,7 +219,7 @@ def main(argv=None) -> int:
     convert_cases(dev, args.reduced, count)
     summary = f"{count.calls} op calls"
     if args.module:
-        import sanitize_module
+        from tools.sanitize import module as sanitize_module
 
         count.progress("module")
         n = sanitize_module.run(dev, args.reduced)

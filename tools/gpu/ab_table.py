@@ -1,6 +1,6 @@
-"""python -m benchmarks ab NAME=latest.json ...: several runs side by side, one column each.
+"""tools/gpu/ab_table.py NAME=latest.json ...: several runs side by side, one column each (ab.sh).
 
-For A/B calls (tools/gpu_ab.sh runs builds A and B interleaved, A1 B1 A2 B2 ...): one row per
+For A/B calls (tools/gpu/ab.sh runs builds A and B interleaved, A1 B1 A2 B2 ...): one row per
 case with each run's ratio (percent of the copy ceiling measured in that run; for module rows,
 the speedup over the eager composite of the same run), then per build the median of its runs (a
 build is a name without its trailing digits: A1, A2 -> A) and each build's change from the first
@@ -83,7 +83,7 @@ def table(runs: dict[str, dict], impls: tuple[str, ...]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks ab", description=__doc__)
+    p = argparse.ArgumentParser(prog="tools/gpu/ab_table.py", description=__doc__)
     p.add_argument("runs", nargs="+", metavar="NAME=PATH", help="a run's name and latest.json")
     p.add_argument("--impl", default="te_fast", help="impls whose rows to show (comma-separated)")
     args = p.parse_args(argv)
@@ -103,3 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     print("\n".join(table(runs, tuple(args.impl.split(",")))))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,7 @@ of the storages, not pointers); no byte of any input's whole storage changed (ga
 views and the bytes before a storage offset included); the registered fake gives the real
 output's shape, dtype and strides; the numerics equal te_ref's under SPEC §6 (conversions:
 exactly). `impl` is how the op is called: the te_fast op itself, or a deliberately broken
-stand-in from suites/broken_ops.py that the self-tests feed in.
+stand-in from suites/checks/broken_ops.py that the self-tests feed in.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import te_ref
 from reports import record
-from suites import contracts
-from suites.attention_check import compared_tensors, reference, run_impl, structural_failures
+from suites.adapters import ADAPTERS
 from suites.cases import AttnCase, make_inputs
-from suites.impls import ADAPTERS
-from suites.numerics import K_BACKWARD, K_FORWARD, check_exact, check_ratio
+from suites.checks import contracts
+from suites.checks.attention import compared_tensors, reference, run_impl, structural_failures
+from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_exact, check_ratio
 from suites.op_cases import DTYPES
 
 OpImpl = Callable[..., torch.Tensor]  # (op name, *args) -> output
@@ -197,7 +197,7 @@ def _note(text: str) -> None:
 def reproducer(check: str, example, device: str) -> str:
     return (
         "reproduce (from the repository root): PYTHONPATH=. python -c "
-        f'"from suites.fuzz_checks import *; {check}({example!r}, {device!r})"'
+        f'"from suites.fuzz.checks import *; {check}({example!r}, {device!r})"'
     )
 
 

@@ -3,7 +3,7 @@
     python -m suites.mutation [--list] [--only NAME[,NAME]] [--device cpu|cuda|all] [-j N]
                               [--xdist N] [--out DIR] [--scratch DIR] [--keep]
 
-For every defect of suites/mutation_catalogue.py, in a scratch copy of the working tree (one per
+For every defect of suites/mutation/catalogue.py, in a scratch copy of the working tree (one per
 parallel job): apply the text replacement, rebuild te_fast._C when the defect is in C++/CUDA
 source (the copy's ninja build is incremental; a Python defect reuses the unmutated extension),
 run the defect's own suite files first with ``pytest -x``, and when they pass, the device's whole
@@ -46,9 +46,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from suites.mutation_catalogue import DEFECTS, DEVICES, KNOWN_GAPS, SUITES, Defect, SuiteSet
+from suites.mutation.catalogue import DEFECTS, DEVICES, KNOWN_GAPS, SUITES, Defect, SuiteSet
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CAUGHT, SURVIVED, ERROR, NOT_RUN = "CAUGHT", "SURVIVED", "ERROR", "NOT RUN"
 RESULTS = (CAUGHT, SURVIVED, ERROR, NOT_RUN)
 FIRST, FULL = "first", "full"  # the defect's own suite files; the device's whole suite set
@@ -219,7 +219,6 @@ def _child_env(copy: Path, source_root: Path) -> dict[str, str]:
     ]  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join([str(copy), *keep])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.pop("TE_FUZZ_PROFILE", None)  # the default (ci) profile: a fixed seed
     env.pop("TE_FUZZ_EXAMPLES", None)
     return env
 
@@ -665,7 +664,7 @@ def list_catalogue(defects) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m suites.mutation",
-        description="Plant each catalogued defect (suites/mutation_catalogue.py) in a scratch "
+        description="Plant each catalogued defect (suites/mutation/catalogue.py) in a scratch "
         "copy, run the suites, and write the kill matrix.",
     )
     p.add_argument("--list", action="store_true", help="print the catalogue and exit")

@@ -1,8 +1,8 @@
 """Drive one softmax kernel a few times for `ncu` (profile the last launch), or profile a list.
 
     ncu --kernel-name regex:softmax --launch-skip 3 --launch-count 1 \
-        python tools/ncu_softmax.py --op fwd --dtype bf16 --sk 2048
-    python tools/ncu_softmax.py --table          # the standing list, one line per kernel
+        python tools/gpu/ncu_softmax.py --op fwd --dtype bf16 --sk 2048
+    python tools/gpu/ncu_softmax.py --table          # the standing list, one line per kernel
 
 --impl te_fast (default) | triton (the benchmark's Triton peer) | torch (torch.softmax).
 About 64M elements per call (--numel) as [rows / 64, 1, 64, sk]; with --heads H as
@@ -20,8 +20,7 @@ import argparse
 
 import torch
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
+from suites.cases import DTYPES
 
 TABLE = (
     "--op fwd --sk 128",

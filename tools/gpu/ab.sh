@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A/B of kernel changes in one GPU call: build A (this tree with BASE's csrc/), B (this tree) and
 # C, D, ... (this tree with each CANDIDATE's csrc/, in the order given) side by side, compare each
-# build's softmax outputs with A's bit for bit (tools/softmax_bits.py), then run the benchmark on
+# build's softmax outputs with A's bit for bit (tools/gpu/softmax_bits.py), then run the benchmark on
 # each, interleaved A B C ... A B C ..., and write the side-by-side table (python -m benchmarks
 # ab). Everything lands in $OUT (default ./gpu_out): ab.md, bits.txt, ab.log, the builds' logs on
 # failure.
-#   tools/gpu_ab.sh BASE [CANDIDATE ...] [--rounds N] [--no-bits] [-- benchmark arguments]
+#   tools/gpu/ab.sh BASE [CANDIDATE ...] [--rounds N] [--no-bits] [-- benchmark arguments]
 # BASE and each CANDIDATE are folders holding a csrc/, made here before the call and carried to
 # the GPU machine (.ab_base and .ab_* are git-ignored), e.g. HEAD's kernels against the tree and
 # the tree with a patch applied:
@@ -14,7 +14,7 @@
 # At most six candidates (builds C to H); the builds share the machine's cores.
 # Benchmark arguments default to the softmax section without peers or inductor
 # (--only softmax --peers "" --inductor off); pass others after --, e.g.
-#   tools/gpu_ab.sh .ab_base --rounds 2 -- --only softmax --peers "" --inductor off --sk 16384
+#   tools/gpu/ab.sh .ab_base --rounds 2 -- --only softmax --peers "" --inductor off --sk 16384
 # Exit: 0 done (the table says who won; outputs may differ: see bits.txt), 1 a build or a run
 # failed, 2 bad arguments or no CUDA device.
 # AB_DEVICE=cpu checks the plumbing on a machine without a GPU: CPU builds (TE_FAST_CUDA=0), the
@@ -68,9 +68,9 @@ mkdir -p "$OUT"
 LOG=$OUT/ab.log
 WORK=${AB_WORK:-/tmp/gpu_ab}
 rm -rf "$WORK"; mkdir -p "$WORK"
-# shellcheck source=tools/gpu_env.sh
-. tools/gpu_env.sh
-gpu_env "$WORK/site"  # the carried wheels; the distribution's g++ (see gpu_env.sh)
+# shellcheck source=tools/gpu/env.sh
+. tools/gpu/env.sh
+gpu_env "$WORK/site"  # the carried wheels; the distribution's g++ (see tools/gpu/env.sh)
 jobs=$(( $(nproc) / ${#builds[@]} > 0 ? $(nproc) / ${#builds[@]} : 1 ))  # the cores, shared
 excludes=()  # the folders given (not copied into any build) where they lie inside the tree
 for s in "${srcs[@]}"; do [ "${s#"$PWD"/}" = "$s" ] || excludes+=("--exclude=./${s#"$PWD"/}"); done
@@ -105,13 +105,13 @@ failed=0
 if [ $bits -eq 1 ]; then
   for v in "${builds[@]}"; do
     (cd "$WORK/$v" && PYTHONPATH=$WORK/$v${PYTHONPATH:+:$PYTHONPATH} \
-      $PY tools/softmax_bits.py save "$WORK/bits_$v.json" "${bits_args[@]}" >> "$LOG" 2>&1) \
+      $PY tools/gpu/softmax_bits.py save "$WORK/bits_$v.json" "${bits_args[@]}" >> "$LOG" 2>&1) \
       || { echo "gpu_ab: softmax_bits save failed on $v" | tee -a "$LOG"; failed=1; }
   done
   : > "$OUT/bits.txt"
   for v in "${builds[@]:1}"; do  # each build against A: "X against A: softmax_bits: ..."
     { printf '%s against A: ' "$v"
-      $PY tools/softmax_bits.py compare "$WORK/bits_A.json" "$WORK/bits_$v.json" 2>&1; } \
+      $PY tools/gpu/softmax_bits.py compare "$WORK/bits_A.json" "$WORK/bits_$v.json" 2>&1; } \
       > "$WORK/bits_$v.txt"
     cat "$WORK/bits_$v.txt" >> "$OUT/bits.txt"
     echo "gpu_ab: bits: $(head -1 "$WORK/bits_$v.txt")" | tee -a "$LOG"
@@ -132,7 +132,7 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 if [ ${#runs[@]} -gt 0 ]; then
-  $PY -m benchmarks ab "${runs[@]}" > "$OUT/ab.md" 2>> "$LOG" || failed=1
+  PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} $PY tools/gpu/ab_table.py "${runs[@]}" > "$OUT/ab.md" 2>> "$LOG" || failed=1
   echo "gpu_ab: table in $OUT/ab.md (${#runs[@]} runs)" | tee -a "$LOG"
 fi
 exit $failed

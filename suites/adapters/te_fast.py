@@ -1,0 +1,47 @@
+"""`--impl te_fast` (the default): te_fast.UnfusedDotProductAttention, eager."""
+
+from __future__ import annotations
+
+import torch
+
+from suites.adapters.base import Adapter
+
+
+class TeFast(Adapter):
+    """te_fast.UnfusedDotProductAttention, eager."""
+
+    name = "te_fast"
+    dropout = dropout_ctx = validates_arguments = capturable = sync_free = True
+    supports_fp8 = True
+
+    def unavailable_reason(self, device):
+        import te_fast
+
+        return te_fast.device_unavailable_reason(device)
+
+    def build(self, case, scale, dropout=0.0, dropout_ctx=None):
+        import contextlib
+
+        from te_fast import UnfusedDotProductAttention
+
+        return UnfusedDotProductAttention(
+            scale,
+            attention_type=case.attention_type,
+            attention_dropout=dropout,
+            attention_dropout_ctx=dropout_ctx or contextlib.nullcontext,
+            softmax_type=case.softmax_type,
+            return_max_logit=case.return_max_logit,
+            num_attention_heads=case.h if case.offset_via == "param" else None,
+        ).to(case.device)
+
+    def call(self, module, case, q, k, v, kwargs):
+        stand_in = {}
+        if case.softmax_type == "learnable" and case.offset_via == "param":
+            # the module owns the offset: load the case's values into its parameter
+            kwargs = dict(kwargs)
+            offset = kwargs.pop("softmax_offset")
+            with torch.no_grad():
+                module.softmax_offset.copy_(offset)
+            stand_in["offset"] = module.softmax_offset
+        out, max_logit, _ = super().call(module, case, q, k, v, kwargs)
+        return out, max_logit, stand_in

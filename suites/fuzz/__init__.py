@@ -1,0 +1,1 @@
+"""Hypothesis fuzzing: strategies that draw cases, checks that judge them."""

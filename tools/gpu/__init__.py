@@ -1,0 +1,1 @@
+"""Tools that run on a GPU machine: A/B, bits, ncu, profiles."""

@@ -1,0 +1,1 @@
+"""compute-sanitizer runs over te_fast's ops and module."""
