@@ -7,7 +7,7 @@ At small shapes that host time is larger than the kernels. Here the forward and 
 called below autograd and one C++ autograd node (the op ``te_fast::eager_softmax``,
 csrc/eager.cpp) records the same formula (``dx = <op>_bwd(dy, y, scale)``) - same kernels, same
 results. (A Python ``autograd.Function`` in its place cost ~15 us more per softmax forward and
-backward: 51 against 36 us on a loaded 2-core x86 CPU, 2026-12-04.)
+backward: 51 against 36 us on a loaded 2-core x86 CPU; docs/performance.md.)
 
 Only for plain eager calls: under ``torch.compile``/``torch.export`` (and functorch transforms)
 ``softmax`` calls the op itself, so a trace sees the op and its registered autograd exactly as
@@ -88,8 +88,8 @@ def softmax(
 # two costs of recording torch.matmul and the softmax separately:
 # - Copies. q, k and v reach the core as permuted views of bshd/sbhd/thd tensors. torch.matmul
 #   folds (b, h) into one batch axis, and for bshd that is not a view: autograd's path copied q,
-#   k, v, the output and dO (H200, 2026-12-04, b16 h32 s2048 d128 bf16: five copies, 2.4 ms of a
-#   14.45 ms step, aten's strided copy running at ~1.1 TB/s). Here every GEMM runs on the strided
+#   k, v, the output and dO (at b16 h32 s2048 d128 bf16 on an H200: five copies, about a sixth
+#   of the step; docs/performance.md). Here every GEMM runs on the strided
 #   views themselves (cuBLAS takes any batch stride and a leading dimension per matrix: one
 #   batched GEMM per batch element when (b, h) do not fold), and the output and the gradients
 #   are written straight into tensors laid out as the inputs are, so that the module's final
@@ -103,8 +103,8 @@ def softmax(
 # Plain eager calls record it as _Core, a lean autograd.Function. Traces (torch.compile, export)
 # call the ops registered at the end of this file instead: opaque to the compiler, so the slices
 # stay slices (traced through, the loop would be unrolled into the graph, its out= GEMMs
-# functionalized and the slices left to the compiler's scheduling; H200, 2026-12-04: the trace
-# of the whole-tensor path peaked at 13.0 GiB against the eager core's 5.5). Both run the
+# functionalized and the slices left to the compiler's scheduling: the trace of the
+# whole-tensor path peaked at more than twice the eager core's memory; docs/performance.md). Both run the
 # functions below.
 
 # The te_fast softmax kinds the core takes by name (a forward op's name less "_fwd"): a trace's
@@ -163,7 +163,7 @@ def _empty_like_layout(t, size):
     order of t's strides, largest first, and whose last axis is contiguous: for a permuted view
     of a bshd tensor, a bshd tensor. (Its matrices must be ones cuBLAS writes in place: with
     an input's odd strides copied, bmm(out=) would compute into a copy of the uninitialized
-    buffer and copy back, as compute-sanitizer's initcheck found on 2026-12-04.) The fakes
+    buffer and copy back, as compute-sanitizer's initcheck found.) The fakes
     call it too, on the same strides: the layout is part of the ops' contract."""
     order = sorted(range(t.dim() - 1), key=lambda i: (-t.stride(i), i)) + [t.dim() - 1]
     return torch.empty_permuted(size, order, dtype=t.dtype, device=t.device)

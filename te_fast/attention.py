@@ -17,10 +17,9 @@ __all__ = ["UnfusedDotProductAttention"]
 # whose GEMMs still fill an H200.
 DEFAULT_SCORE_CHUNK_BYTES = 256 << 20
 # Calls with fewer bytes of scores keep the ops path: there the step is bound by host time, and
-# the eager core's Python costs more than the copies it saves (H200, 2026-12-04, b2 h16 s128 d64
-# bf16 fwd+bwd, wall, median of 12 interleaved rounds: 1.43 ms against 1.32 for one layer, 8.71
-# against 7.74 for a stack of eight); at b16 h32 s2048 d128 (4 GiB of scores) the core took the
-# step from 14.45 to 13.05 ms and its peak extra memory from 13.0 to 5.5 GiB (same day).
+# the eager core's Python costs more than the copies it saves (at b2 h16 s128 d64 it was ~8%
+# slower; at b16 h32 s2048 d128, 4 GiB of scores, it was ~10% faster with less than half the
+# peak extra memory: the measurements are in docs/performance.md).
 CORE_MIN_SCORE_BYTES = 64 << 20
 
 
