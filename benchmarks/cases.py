@@ -10,7 +10,7 @@ import torch
 SECTIONS = ("softmax", "convert", "module", "small", "stack")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 SK_ALL = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-SOFTMAX_PEERS = ("torch", "inductor", "triton")
+SOFTMAX_PEERS = ("torch", "inductor", "triton", "te")  # te: benchmarks/te_peer.py
 SCALE = 0.125  # softmax scale of the op benchmarks (any value > 0 moves the same bytes)
 
 
