@@ -9,7 +9,7 @@ from suites.cases import DTYPES  # noqa: F401  (the one name -> dtype table)
 
 SECTIONS = ("softmax", "convert", "module", "small", "stack")
 SK_ALL = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
-SOFTMAX_PEERS = ("torch", "inductor", "triton")
+SOFTMAX_PEERS = ("torch", "inductor", "triton", "te")  # te: benchmarks/te_peer.py
 SCALE = 0.125  # softmax scale of the op benchmarks (any value > 0 moves the same bytes)
 
 

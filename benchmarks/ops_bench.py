@@ -270,6 +270,10 @@ def run_softmax(r: Runner) -> None:
             if "inductor" in plan.peers:
                 inductor.run(c, "plain")
                 inductor.run(c, "masked")
+            if "te" in plan.peers:
+                from benchmarks import te_peer  # Transformer Engine's own kernels
+
+                te_peer.run_case(r, c)
             for op in SOFTMAX_OPS:
                 te_fast_bwd(r, c, op)
             if "torch" in plan.peers:

@@ -4,7 +4,8 @@
 # (tools/sanitize/run.sh, beside the pytest run), ncu on the standing kernel list
 # (tools/gpu/ncu_softmax.py --table into $OUT/ncu.txt) and the benchmark (with the performance issue's
 # targets checked on its run: $OUT/targets.md); every log lands in $OUT (default ./gpu_out), and
-# on exit all of them in $OUT/all.tar.gz as well.
+# on exit all of them in $OUT/all.tar.gz as well. With TE_SRC set or a .te_src folder, TE's own
+# fused softmax kernels are built too (tools/te_kernels/build.py) before the suites and benchmark.
 # Exits non-zero when any step failed (unmet targets are not a failed step).
 #   tools/gpu_run.sh [--sanitize] [--ncu] [--bench] [--timeout S] [--] [python -m reports run args]
 # --timeout S stops the pytest run after S seconds (SIGTERM): the report then holds the cases that
@@ -87,6 +88,22 @@ if ! error_path | grep -q "error path ok"; then
   rm -rf build te_fast/_C*.so
   CC=/usr/bin/gcc CXX=/usr/bin/g++ MAX_JOBS=$(nproc) $PY setup.py build_ext --inplace > "$OUT/build2.log" 2>&1
   echo "rebuilt with $(/usr/bin/g++ --version | head -1): $(error_path)" | tee -a "$OUT/build_time.txt"
+fi
+
+# Transformer Engine's own fused softmax kernels for the `te` peer and suites/test_te_kernels.py
+# (docs/te_kernels.md), when TE's sources came along: $TE_SRC, or the ignored .te_src folder
+# carried with the working tree. Without them the te peer and suite skip with the reason.
+te_src=${TE_SRC:-}
+[ -z "$te_src" ] && [ -d .te_src ] && te_src=$PWD/.te_src
+if [ -n "$te_src" ]; then
+  start=$(date +%s%N)
+  TE_SRC=$te_src $PY tools/te_kernels/build.py build --cxx /usr/bin/g++ \
+    --nvcc "${CUDA_HOME:+$CUDA_HOME/bin/}nvcc" > "$OUT/te_kernels_build.log" 2>&1
+  rc=$?
+  echo "te_kernels build: exit $rc in $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee -a "$OUT/build_time.txt"
+  [ $rc -eq 0 ] || { tail -30 "$OUT/te_kernels_build.log"; failed+=" te_kernels"; final=1; }
+else
+  echo "te_kernels: no TE sources (TE_SRC unset, no .te_src): the te peer and suite skip"
 fi
 
 if [ $sanitize -eq 1 ]; then
