@@ -104,8 +104,8 @@ def softmax(
 # call the ops registered at the end of this file instead: opaque to the compiler, so the slices
 # stay slices (traced through, the loop would be unrolled into the graph, its out= GEMMs
 # functionalized and the slices left to the compiler's scheduling: the trace of the
-# whole-tensor path peaked at more than twice the eager core's memory; docs/performance.md). Both run the
-# functions below.
+# whole-tensor path peaked at more than twice the eager core's memory; docs/performance.md).
+# Both run the functions below.
 
 # The te_fast softmax kinds the core takes by name (a forward op's name less "_fwd"): a trace's
 # op arguments are strings, not callables.
