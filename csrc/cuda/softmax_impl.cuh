@@ -20,13 +20,12 @@
 // fp16/bf16 or 512 fp32 columns. No persistent loop, no staging: each thread group loads its row
 // into registers at once and the grid is as large as the rows need, so the hardware overlaps one
 // CTA's loads with the arithmetic of others. fp16/bf16 values stay packed two to a register until
-// the exponential (forward_row_packed); it reaches 96-100% of the copy ceiling from 32 to 8192
-// columns on an H200.
+// the exponential (forward_row_packed), so that the kernel keeps up with HBM (benchmarks/runs/
+// has the figures).
 //
 // The long forward (softmax_fwd_long, launch_long): longer rows in 16-byte chunks, copied into
 // shared memory (one CTA a row up to 32K fp16/bf16 or 16K fp32 columns, clusters of 2..8 CTAs
-// beyond), three passes over it. 92% of the copy ceiling at 32K bf16 columns, 89% at 64K, 85-96%
-// for fp32 from 1K to 16K (H200, 2026-12-04).
+// beyond), three passes over it.
 //
 // Rows longer than the largest configuration (128K columns, or clusters unavailable) take the
 // two-pass block kernel at the end of this file, which has no length limit.
@@ -43,8 +42,8 @@
 // final scaling y = e * (1 / sum) takes the double 1 / sum as a pair of floats (TimesInv): no
 // double operation per element, and y is the correctly rounded fp32 product but for one ulp about
 // twice in 10^8 (and in ~1% of the results under 2^-107; the CPU's double product is correctly
-// rounded): the output keeps 24 bits. (A float-pair exp argument with Kahan sums, tried on
-// 2026-12-03, was 3-10 points faster but doubled the fp32 error ratios.)
+// rounded): the output keeps 24 bits. (A float-pair exp argument with Kahan sums was faster but
+// doubled the fp32 error ratios.)
 #pragma once
 
 #include <cooperative_groups.h>
@@ -360,7 +359,7 @@ __device__ __forceinline__ int row_limit(const SoftmaxFwdArgs& a, const RowPos& 
 // shift_coarse), where the product is rounded first, fl(x * c) - shift, exactly 0 at the max
 // that the shift was taken from: the two-pass kernel, the one caller at c > 0, folds its row in
 // chunks, whose running max may be coarse (a chunk of scores near -FLT_MAX before the row's
-// moderate ones: the fma gave that chunk an infinite sum and the row NaN, H200, 2026-12-05).
+// moderate ones: the fma gave that chunk an infinite sum and the row NaN).
 // A row whose own max is coarse is computed again with a c of its own (softmax_fwd_block).
 // At c <= 0 (scale <= 0: no hot loop) they work as the CPU does, in base e with the float
 // scale and the product rounded first (exp_shifted; shift = the max of fl(x * scale)), which is
@@ -458,9 +457,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // up to half an ulp of the shift: a common factor 2^delta of every e of the row, which the
 // normalization removes while it is small, but delta reaches +-2^103 for bf16 scores near the
 // range ends (an additive finfo(bf16).min mask): the max's e is then inf or 0 and the row NaN or 0,
-// where its softmax is 1 / n on the n columns equal to mx and 0 elsewhere. (Until 2026-12-05
-// this test was only for an infinite shift; the range-end suite found NaN rows at a scale of
-// 0.7 on the H100.) Under 2^24, |delta| <= 1/2. Over it, the kernels replace each kept x by
+// where its softmax is 1 / n on the n columns equal to mx and 0 elsewhere. (A test for an
+// infinite shift alone is not enough: the range-end suite's scores give NaN rows at a scale of
+// 0.7.) Under 2^24, |delta| <= 1/2. Over it, the kernels replace each kept x by
 // x - mx (in the data's own type) and use the shift 0, so that the same loop computes
 // e = 2^fma(x - mx, c, 0): 1 at mx; 0 at any other value: within a factor of 2 of mx the
 // difference is exact (Sterbenz) and at least an ulp of mx, |mx| 2^-11 or more, so (x - mx) c
@@ -537,13 +536,13 @@ struct TimesInv {
 // floats, hi = fl(inv) and lo = fl(inv - hi) (the difference is exact in double), and each element
 // takes y = fma(e, hi, fl(e * lo)): no double arithmetic or conversion per element, where
 // fl32(double(e) * inv) took a DMUL and an F2F back to fp32 (the widening of e is shared with the
-// sum) on the fp64 and XU pipes, the XU being the busiest of the fp32 forward (ncu, 2026-12-04).
+// sum) on the fp64 and XU pipes, the XU being the busiest of the fp32 forward (ncu).
 // This is e * inv rounded once to fp32 but for a term of ~2^-47 of it: e * hi is exact inside the
 // fma; lo = fl(inv - hi) is off by at most 2^-24 of inv - hi, which is at most 2^-24 of inv, so
 // hi + lo is within 2^-48 of inv; e * lo is ~2^-24 of the result and its own rounding costs 2^-24
 // of that, 2^-48. The sum the fma rounds is thus within 2^-47 of e * inv, and the result differs
 // from the correctly rounded one only where e * inv lies that close to the midpoint of two floats:
-// then by one ulp. Checked on the CPU against the exact product (2026-12-04): of 10^8 pairs, e =
+// then by one ulp. Checked on the CPU against the exact product: of 10^8 pairs, e =
 // expf of [-20, 0] and inv = 1 / sums of 1 .. 1e5, two results were one ulp off (the double form
 // was correctly rounded in all). Results under about 2^-107 are the exception: there e * lo falls
 // below fp32's normal range and loses relative precision, and about 1% of them are one ulp off, an
@@ -840,10 +839,9 @@ constexpr int kBwdMinCtasPerSm =
 
 // Whether a cluster shape adds its CTAs' sums through an Exchange (one per row) rather than
 // row_reduce's cluster-wide barrier: clusters of 8, but not the fp32 shapes under the 64-register
-// budget, where the exchange's registers spilled 32-52 bytes a thread (nvcc 13.0, sm_90). H200,
-// 2026-12-04, python -m benchmarks, % of the copy ceiling, barrier -> exchange: fp32 64K (8 CTAs
-// of 4 chunks a thread) 85 -> 99, bf16 64K (8 CTAs) 93 -> 96; but bf16 16K and 32K (2 and 4
-// CTAs) 98 -> 94 and 97 -> 95, where a cluster barrier is cheap.
+// budget, where the exchange's registers spilled (nvcc 13.0, sm_90). On clusters of 8 the
+// exchange is faster than the barrier; on clusters of 2 and 4, where a cluster barrier is cheap,
+// it is slower (python -m benchmarks; benchmarks/runs/ has the figures).
 template <typename T, int V, int K, int G, int C>
 constexpr bool kBwdExchange = C >= 8 && !(kWide<T> && kBwdMinCtasPerSm<T, V, K, G, C> > 1);
 
@@ -994,8 +992,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // and 1 / sum (the sums in another order). A cluster's CTAs work from their own block's max m_r
 // and sum s_r and swap the pairs once (Exchange): the row's max M and sum S = sum of s_r
 // 2^(m_r - M) (base 2 with the scale folded in for fp16/bf16, which then recompute e with M; fp32
-// scale their stored e by exp(m_r - M) / S, in double). Two cluster barriers a row before
-// (2026-12-04, H200: bf16 64K 80%, two CTAs); one swap: 89% the same day.
+// scale their stored e by exp(m_r - M) / S, in double). One swap a row is faster than the two
+// cluster barriers a row it replaced (benchmarks/runs/).
 // softmax_fwd_long's cold branch where shift_coarse (out of line, so that the hot passes keep
 // their registers): x -> x - mx in the thread's chunks of the block in shared memory (the first
 // `limit` columns of the block, those the causal cut keeps; the mask's -inf already in place).
@@ -1674,23 +1672,18 @@ cudaError_t launch_block(Kernel kernel, const Args& a, cudaStream_t stream) {
 //
 // fp16/bf16: up to 2048 columns two chunks a thread (16 values, 40 registers: 1536 threads per
 // SM; rows of one warp or less with a mask take 1024, where 40 registers spill), beyond that four
-// (64 registers, 1024 threads). Measured on an H200 on 2026-12-04 against the persistent staged
-// kernel (python -m benchmarks, bf16): 98-100% of the copy ceiling against 86-90% up to 2048
-// columns, 96/97/90% against 81/80/85% at 4K/8K/16K. On clusters of 2..8 CTAs this design reached
-// 65/58% at 32K/64K against the staged kernel's 77/68% (same day). The long kernel on one CTA of
-// 256 threads reached 85% at 16K (same day), under this kernel's 91%. Masked rows: 89/89/88% at
-// 32/128/512 columns and 83% at 16K while each row's position took two 32-bit divisions, 95-96%
-// and 88% with Divisor's multiply and shift (same day).
+// (64 registers, 1024 threads). This design is faster than a persistent staged kernel up to 16K
+// columns, and faster there than the long kernel on one CTA; on clusters (32K, 64K) it is
+// slower than a staged kernel, so longer rows take the long kernel. Masked rows find their
+// position by Divisor's multiply and shift, faster than two 32-bit divisions (python -m
+// benchmarks; benchmarks/runs/ has the figures).
 //
 // fp32 (the general row path: double sums, no packed words): two chunks a thread (8 values; every
 // shape, masked or not, fits 40 registers without spilling under nvcc 13.0 for sm_90: 1536
-// threads per SM). Measured on an H200 (python -m benchmarks, 2026-12-04): plain rows 93/91/91% of
-// the copy ceiling at 32/128/512 columns, masked 74-77% (81-87% with Divisor, the same day: the
-// divisions had shared the conversion and MUFU pipes with expf); from 1K columns on the long
-// kernel is faster (see launch_long). ncu at 4K on this kernel: 71% of warps active, 56
-// instructions per element, 51% of the DRAM peak: the long kernel, with the same arithmetic,
-// reached 95% there, so
-// what held this one back was the bytes a thread keeps in flight, not its instruction stream.
+// threads per SM). Divisor matters more here: divisions would share the conversion and MUFU
+// pipes with expf. From 1K columns on the long kernel is faster (see launch_long): with the same
+// arithmetic it reaches a far larger share of the DRAM peak (ncu), so what holds this one back is
+// the bytes a thread keeps in flight, not its instruction stream.
 // Tries the direct kernel at kSmThreads with K chunks a thread on G threads a row, for each G in
 // turn (smallest first).
 template <typename T, bool kMask, int kSmThreads, int K, int... Gs>
@@ -1729,14 +1722,12 @@ bool try_long(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
 }
 
 // The long kernel's shapes, the first that holds the row: one CTA (no cluster) wherever 64 KiB
-// of shared memory hold the row, since each doubling of the cluster cost ~8-10 points of the copy
-// ceiling. Measured on an H200 on 2026-12-04 (python -m benchmarks, plain / masked rows, % of the
-// copy ceiling): bf16 32K 92/88 on one 512-thread CTA of 8 chunks a thread (the persistent staged
-// kernel it replaced: 77/72; 81/67 on two 256-thread CTAs, 75/56 on four 128-thread CTAs of 16
-// chunks), 64K 80/74 on two such CTAs (70/66; one 1024-thread CTA of 128 KiB: 75/64). fp32 from
-// 1K columns on: 88/83 at 1K (the direct kernel: 90/73), 96/91 at 2K (86/70), 95/90 at 4K (77/63),
-// 91/88 at 8K (77/69), 85/83 at 16K (64/58), 79/70 at 32K (54/51), 73/71 at 64K (52/49): the
-// direct kernel holds 48 KiB of a row per SM in registers, the long kernel's CTAs up to 208 KiB.
+// of shared memory hold the row, since each doubling of the cluster costs several points of the
+// copy ceiling: bf16 32K on one 512-thread CTA of 8 chunks a thread beats two 256-thread or four
+// 128-thread CTAs, and 64K on two such CTAs beats one 1024-thread CTA of 128 KiB. fp32 takes
+// this kernel from 1K columns on, where it beats the direct kernel (masked rows most): the direct
+// kernel holds 48 KiB of a row per SM in registers, the long kernel's CTAs up to 208 KiB (python
+// -m benchmarks; benchmarks/runs/ has the figures).
 template <typename T, bool kMask>
 bool launch_long(const SoftmaxFwdArgs& a, cudaStream_t stream, cudaError_t& err) {
   if constexpr (kWide<T>) {
@@ -1786,7 +1777,7 @@ cudaError_t softmax_fwd_typed(const SoftmaxFwdArgs& args, cudaStream_t stream) {
 }
 
 // fp32 rows of 32K..64K columns: one more cluster shape, four chunks of dy and y a thread (the
-// two-pass kernel reads every row twice: 59% of the copy ceiling at 64K on 2026-12-03).
+// two-pass kernel reads every row twice).
 template <typename T>
 bool launch_long_fp32_bwd(const SoftmaxBwdArgs& a, cudaStream_t stream, cudaError_t& err) {
   if constexpr (kWide<T>) {
