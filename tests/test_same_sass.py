@@ -120,7 +120,7 @@ SHIFT = "static_cast<double>(kx * wide_key(scale)) * scale;"
 )
 def test_real_sass(tmp_path, capsys, tools_found, edit, rc):
     shutil.copytree(ROOT / "csrc", tmp_path / "csrc")
-    impl = tmp_path / "csrc" / "cuda" / "softmax_impl.cuh"
+    impl = tmp_path / "csrc" / "cuda" / "softmax" / "common.cuh"  # wide_shift
     if edit is not None:
         text = impl.read_text()
         assert SHIFT in text  # the edit must land, or the case proves nothing
