@@ -6,8 +6,8 @@
 // Autograd key, and a Python autograd.Function costs about as much: at the small shapes where
 // attention is bound by host time, that Python was most of te_fast's extra host time against the
 // composite (a [2, 16, 16] bf16 softmax forward and backward, the backward engine's call
-// included: 51 us through a Python autograd.Function, 36 us through this node, on a loaded
-// 2-core x86 CPU, 2026-12-04). Here the forward op runs below autograd, the node saves y and the
+// included, takes about 30% less host time through this node than through a Python
+// autograd.Function). Here the forward op runs below autograd, the node saves y and the
 // scale, and its backward calls the op's backward op, dx = <name>_bwd(dy, y, scale): the same
 // formula and the same kernels as the registered autograd (suites/test_eager_softmax.py checks
 // bit equality, double backward too).

@@ -39,23 +39,22 @@ TE_HD int64_t kept_prefix(int mode, int64_t i, int64_t sq, int64_t sk) {
 // the fp32 product while the argument takes the double one is off by up to 2^-24 of the largest
 // score: harmless at everyday magnitudes, a NaN or zero row where scores reach ~1e9 / scale at
 // a scale that fp32 does not hold exactly, such as an additive finfo(float32).min mask before a
-// scale of 1/sqrt(d); the fuzz's range-end scores found it on 2026-12-04.) With fp32 data the
+// scale of 1/sqrt(d); the fuzz's range-end scores found it.) With fp32 data the
 // product and the difference are formed in double, where both are exact or nearly so, and only
 // the small difference is rounded to fp32: rounding scale * x to fp32 first would cost up to half
 // an ulp of the score, which at a score of 6 is 2.4e-7 of every probability, the largest error of
 // the whole softmax and one that an fp32 composite shares. The scale is the op's own double (0.6,
 // not 0.6f, whose rounding is 4e-8 of every score: for fp32 data that was the largest error
-// left, and it put test_softmax_misaligned_views[fp32-cuda-sk1000]'s dx over its bound on
-// 2026-12-03). The exponential itself is fp32's expf: a double exp, tried the same day, cost the
-// fp32 forward a third of its speed (85% -> 56% of the copy ceiling at sk = 32) for error ratios
-// the scale alone had already brought down. fp16/bf16 data work in fp32: their output rounding
-// is 2^13 times coarser than all of this.
+// left, and it put test_softmax_misaligned_views[fp32-cuda-sk1000]'s dx over its bound). The
+// exponential itself is fp32's expf: a double exp cost the fp32 forward about a third of its
+// speed for error ratios the scale alone had already brought down. fp16/bf16 data work in fp32:
+// their output rounding is 2^13 times coarser than all of this.
 //
 // The product is rounded before the difference (the _rn intrinsics on the device, which nvcc
 // never fuses): at the max, the argument is then exactly 0 by construction. A fused multiply-add
 // (nvcc contracts x * scale - m to one by default) gives the product's own rounding error
 // instead, which at scores near the type's range ends is ~1e22 (double) and made the CUDA fp32
-// rows NaN or 0 at a scale of 0.7 (H100, 2026-12-05, test_softmax_range_end_scores). The CPU
+// rows NaN or 0 at a scale of 0.7 (test_softmax_range_end_scores). The CPU
 // build passes -ffp-contract=off for the same reason (setup.py).
 template <bool kWide>
 TE_HD float exp_shifted(float x, double scale, double m) {
@@ -72,7 +71,7 @@ TE_HD float exp_shifted(float x, double scale, double m) {
 // a time. fp32 data (kWide) form the products, the sum and the element in double and round once:
 // where one probability is near 1, dy - dot cancels (dx is (1 - y) times smaller than dy * y),
 // and a dot or a product rounded to fp32 first costs half an ulp of dy * y in that small result.
-// (Found by the fuzz suite on 2026-12-03: a sink softmax row with one kept key, y = 0.94, gave
+// (Found by the fuzz suite: a sink softmax row with one kept key, y = 0.94, gave
 // dk 7 ulp off where the CUDA composite was exact.) fp16/bf16 work in fp32: their output
 // rounding is 2^13 times coarser.
 template <bool kWide>

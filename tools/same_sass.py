@@ -18,7 +18,9 @@ the grid it sizes) is not seen, and needs tools/gpu/softmax_bits.py and the benc
 The comparison is of the whole disassembly, with the assembler's local labels (.L_x_N) and
 nvcc's out-of-line helpers ($__internal_N_$..., a double division's slow path), both numbered
 across a file, renumbered in their order of appearance, so that a kernel's code does not depend
-on the kernels before it; the kernels that differ are named.
+on the kernels before it; the kernels that differ are named. A kernel in an anonymous namespace
+(convert.cu's) has a name with a hash of the source's path in it (_GLOBAL__N__6f9fbfd4_...), which
+differs between the base's copy and the tree's: the hash is set to zeros on both sides.
 
 nvdisasm is taken from --nvdisasm, $NVDISASM, PATH, or the `nvidia-cuda-nvdisasm` wheel
 (pip install nvidia-cuda-nvdisasm: nvidia/cu13/bin/nvdisasm in site-packages).
@@ -49,6 +51,14 @@ _LABEL = re.compile(r"\.L_x_\d+")
 # the labels: $__internal_37_$__cuda_sm20_dblrcp_rn_slowpath_v3.
 _INTERNAL = re.compile(r"\$__internal_\d+_\$")
 _FUNCTION = re.compile(r"^//-+ \.text\.(\S+) -+$", re.M)
+# An anonymous namespace's mangled name: nvcc puts a hash of the source file's path in it.
+_ANONYMOUS = re.compile(r"_GLOBAL__N__[0-9a-f]{8}_")
+
+
+def pathless(sass: str) -> str:
+    """The disassembly with the path hash of anonymous namespaces set to zeros (its length, and
+    so the mangled name's, kept)."""
+    return _ANONYMOUS.sub("_GLOBAL__N__00000000_", sass)
 
 
 def normalize(sass: str) -> str:
@@ -62,6 +72,7 @@ def normalize(sass: str) -> str:
 
 def functions(sass: str) -> dict[str, str]:
     """{mangled name: its normalized code} of each .text section of nvdisasm's output."""
+    sass = pathless(sass)
     heads = list(_FUNCTION.finditer(sass))
     out = {}
     for h, nxt in zip(heads, heads[1:] + [None]):
@@ -72,6 +83,7 @@ def functions(sass: str) -> dict[str, str]:
 def compare(base: str, new: str) -> list[str]:
     """What differs between two disassemblies of one source: the kernels whose code differs,
     those on one side only, and '(other sections)' when the rest of the file differs alone."""
+    base, new = pathless(base), pathless(new)
     if normalize(base) == normalize(new):
         return []
     fb, fn = functions(base), functions(new)

@@ -468,7 +468,7 @@ _CUDA = [
         ("suites/test_large.py",), k="conversions and fp8", marker="gpu and large",
     ),
     Defect(
-        "cuda_fully_masked_rows_nan", "cuda", "csrc/cuda/softmax_impl.cuh",
+        "cuda_fully_masked_rows_nan", "cuda", "csrc/cuda/softmax/rows.cuh",
         "const A inv = sum == A(0) ? A(0) : A(1) / sum;  // fully masked row -> 0",
         "const A inv = A(1) / sum;",
         "CUDA register-resident forward: a fully masked row is 0 * inf = NaN, not 0",
