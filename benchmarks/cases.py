@@ -138,6 +138,7 @@ COST_S = {
     "convert": 1.0,  # per dtype
     "module_compile": 7.0,  # te_fast or the composite, forward + backward, training shape
     "module_config": 6.0,  # timings of ~8 implementations and the float64 reference
+    "module_roofline": 4.0,  # per dtype: te_fast eager at THD, the GEMMs alone, three profiles
     "small_compile": 7.0,  # reduce-overhead, with CUDA-graph warm-up
     "stack_compile": 15.0,  # 8 layers traced and compiled
     "launch_bound_section": 7.0,  # timings of small or stack, with their paired rounds (~3 s)
@@ -169,6 +170,7 @@ def estimate(plan: Plan) -> dict:
         configs = 2 * len(plan.module_dtypes())
         compiles["module"] = 2 * configs
         by["module"] = configs * (2 * c["module_compile"] + c["module_config"])
+        by["module"] += len(plan.module_dtypes()) * c["module_roofline"]
     for name, cost in (("small", "small_compile"), ("stack", "stack_compile")):
         if name in plan.sections:
             compiles[name] = 2

@@ -1,4 +1,5 @@
-"""Module sections: UnfusedDotProductAttention at the training and a small shape, in a stack."""
+"""Module sections: UnfusedDotProductAttention at the training and a small shape, in a stack;
+the unfused roofline (GEMMs alone + the other bytes at the copy ceiling) at the training shape."""
 
 from __future__ import annotations
 
@@ -245,6 +246,259 @@ def add_paired(r: Runner, group: list[dict], te_step, composite_step) -> None:
         )
 
 
+# ----------------------------------------------------------------------------- the unfused roofline
+
+ROOFLINE_CONFIGS = ("causal", "padding", "thd")  # thd: the padding batch packed, thd_thd_thd
+# Kernel-name fragments of a CUDA profile, by the roofline's terms (first match wins).
+PROFILE_TERMS = (
+    ("convert", ("thd_to_bshd", "bshd_to_thd")),
+    ("softmax", ("softmax",)),
+    ("gemm", ("gemm", "xmma", "nvjet", "cutlass", "cublas", "s16816", "s1688")),
+)
+
+
+def roofline_bytes(shape: AttnShape, elem: int, tokens: int | None) -> dict[str, int]:
+    """Bytes an unfused attention's forward + backward must move outside its GEMMs, with
+    n = b*h*s*s scores and a token row of R = h*d*elem bytes:
+    - softmax forward reads the scores and writes P: 2*n*elem; backward reads dP and P and
+      writes dS: 3*n*elem (full rows whatever the mask, as the softmax section counts them);
+    - tokens (THD, t tokens padded to b*s rows; None for bshd: no conversion): thd->bshd reads t
+      rows and writes b*s, bshd->thd reads t and writes t (the convert section's counts).
+      Forward: q, k, v to bshd, out back to thd: 3*(t + b*s)*R + 2*t*R; backward: dout to bshd,
+      dq, dk, dv back: (t + b*s)*R + 3*2*t*R."""
+    b, h, s, d = shape.b, shape.h, shape.s, shape.d
+    n = b * h * s * s
+    out = {"softmax_fwd_bytes": 2 * n * elem, "softmax_bwd_bytes": 3 * n * elem}
+    if tokens is None:
+        out.update(convert_fwd_bytes=0, convert_bwd_bytes=0)
+    else:
+        row = h * d * elem
+        to_bshd, to_thd = (tokens + b * s) * row, 2 * tokens * row
+        out.update(convert_fwd_bytes=3 * to_bshd + to_thd, convert_bwd_bytes=to_bshd + 3 * to_thd)
+    return out
+
+
+def roofline(gemm_ms: float, nbytes: dict[str, int], ceiling_gbps: float) -> dict[str, float]:
+    """The unfused lower bound: the GEMMs' own time plus the other bytes at the copy ceiling
+    (bytes read + written per second of the run's device-to-device copy)."""
+
+    def at_ceiling(n: int) -> float:
+        return n / (ceiling_gbps * 1e9) * 1e3  # ms
+
+    softmax = at_ceiling(nbytes["softmax_fwd_bytes"] + nbytes["softmax_bwd_bytes"])
+    convert = at_ceiling(nbytes["convert_fwd_bytes"] + nbytes["convert_bwd_bytes"])
+    return {
+        "gemm_ms": gemm_ms,
+        "softmax_ms": softmax,
+        "convert_ms": convert,
+        "bound_ms": gemm_ms + softmax + convert,
+    }
+
+
+def gemm_flops(shape: AttnShape) -> int:
+    """Six GEMMs, each b*h batches of s*s*d multiply-adds (2 flops each)."""
+    return 6 * 2 * shape.b * shape.h * shape.s * shape.s * shape.d
+
+
+def unfused_gemms(shape: AttnShape, dtype: str, device: torch.device, scale: float):
+    """One forward + backward's GEMMs as an unfused attention does them, on heads-first
+    contiguous [b*h, s, d] operands (cuBLAS's best case): BMM1 S = scale * Q K^T (baddbmm,
+    beta 0), BMM2 O = P V; dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q. One scores-sized
+    operand stands for P and dS, one output for S and dP (the same shapes and layouts)."""
+    bh, s, d = shape.b * shape.h, shape.s, shape.d
+    td = DTYPES[dtype]
+    torch.manual_seed(11)
+    q, k, v, do = (torch.randn(bh, s, d, device=device, dtype=td) for _ in range(4))
+    p = torch.rand(bh, s, s, device=device, dtype=td).mul_(2.0 / s)  # P-like, rows sum ~1
+    scores = torch.empty(bh, s, s, device=device, dtype=td)
+    o, dq, dk, dv = (torch.empty(bh, s, d, device=device, dtype=td) for _ in range(4))
+
+    def step():
+        scores.baddbmm_(q, k.transpose(1, 2), beta=0.0, alpha=scale)  # BMM1
+        torch.bmm(p, v, out=o)  # BMM2
+        torch.bmm(p.transpose(1, 2), do, out=dv)
+        torch.bmm(do, v.transpose(1, 2), out=scores)  # dP
+        torch.bmm(p, k, out=dq)  # dS K
+        torch.bmm(p.transpose(1, 2), q, out=dk)  # dS^T Q
+
+    def check() -> checks.Check:
+        """The six outputs are what a float64 matmul makes of the same operands (batch 0)."""
+        step()
+        q0, k0, v0, do0, p0 = (t[0].double() for t in (q, k, v, do, p))
+        refs = {
+            "dP": (scores[0], do0 @ v0.T),
+            "O": (o[0], p0 @ v0),
+            "dV": (dv[0], p0.T @ do0),
+            "dQ": (dq[0], p0 @ k0),
+            "dK": (dk[0], p0.T @ q0),
+        }
+        bound = checks.MODULE_BOUND[td]
+        return checks.combine(
+            {name: checks.check(x[None], ref[None], bound) for name, (x, ref) in refs.items()}
+        )
+
+    return step, check
+
+
+def profile_terms(step, device: torch.device) -> dict[str, float] | None:
+    """Device time of one step's kernels by the roofline's terms (PROFILE_TERMS; "other" the rest),
+    ms, from torch.profiler: where te_fast spends its step beside the bound. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        sync(device)
+    terms = {"gemm": 0.0, "softmax": 0.0, "convert": 0.0, "other": 0.0}
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = ev.name.lower()
+        term = next((t for t, keys in PROFILE_TERMS if any(k in name for k in keys)), "other")
+        terms[term] += ev.device_time_total / 1e3  # us -> ms
+    return terms
+
+
+def thd_inputs(inp: AttnInputs, shape: AttnShape):
+    """The padding batch packed: (q, k, v leaves (t, h, d), dout (t, h*d), te_fast keywords)."""
+    b, s = shape.b, shape.s
+    valid = inp.keep.view(b, s)
+    q, k, v = (t.detach()[valid].requires_grad_() for t in (inp.q, inp.k, inp.v))
+    do = inp.do[valid]  # (t, h*d)
+    kw = dict(inp.te_kwargs, qkv_layout="thd_thd_thd", max_seqlen_q=s, max_seqlen_kv=s)
+    return q, k, v, do, kw
+
+
+def check_thd(out, grads, ref, inp: AttnInputs, bound: float) -> checks.Check:
+    """Batch element 0 is the first valid0 tokens of the packed tensors."""
+    ref_out, ref_grads = ref
+    n = inp.valid0
+    parts = {"out": checks.check(out[None, :n], ref_out[:, :n], bound)}
+    for name, g, rg in zip(("dq", "dk", "dv"), grads, ref_grads):
+        parts[name] = checks.check(g[None, :n], rg[:, :n], bound)
+    return checks.combine(parts)
+
+
+def run_thd(r: Runner, shape: AttnShape, dtype: str, how: Measure) -> dict:
+    """te_fast eager at the THD shape: the padding config's batch in thd_thd_thd."""
+    import te_fast
+
+    inp = make_inputs(shape, dtype, "padding", r.device)
+    ref = reference(inp, shape.d**-0.5)
+    q, k, v, do, kw = thd_inputs(inp, shape)
+    tokens = q.shape[0]
+    te = te_fast.UnfusedDotProductAttention(softmax_scale=shape.d**-0.5)
+    bound = checks.MODULE_BOUND[DTYPES[dtype]]
+    impl = Impl("te_fast", lambda: lambda q, k, v: te(q, k, v, **kw))
+    row = base_row("module", "te_fast", config="thd", dtype=dtype, shape=f"{shape} thd t={tokens}")
+    row["tokens"] = tokens
+    check_fn = lambda out, grads: check_thd(out, grads, ref, inp, bound)
+    measure(r, row, impl, (q, k, v), (q, k, v), do, check_fn, how)
+    add_profile(r, row, make_step(impl.build(), (q, k, v), (q, k, v), do, None))
+    return row
+
+
+def add_profile(r: Runner, row: dict, step) -> None:
+    """row["profile_ms"]: its step's kernel time by term (profile_terms), where the row is ok. A
+    profiler that fails here (no CUPTI) is said loudly and leaves the row as it is."""
+    if row.get("status") != "ok":
+        return
+    try:
+        terms = profile_terms(step, r.device)
+    except Exception as exc:  # noqa: BLE001 - the timing stands without its profile
+        print(f"!!! no profile for {row['case']}: {type(exc).__name__}: {exc}", flush=True)
+        row["profile_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return
+    if terms is not None:
+        row["profile_ms"] = terms
+
+
+def run_roofline(r: Runner, dtype: str, te_rows: dict[str, dict[str, dict]]) -> None:
+    """One roofline row per config (module/<config>/<dtype>/roofline): the GEMMs alone, timed
+    once per dtype (the three configs run the same GEMMs), plus the softmax and conversion bytes
+    at the copy ceiling of this run; te_fast's rows of the config get x_roofline = their time /
+    the bound, and the roofline row the eager one's, with the gap by term where te_fast's step
+    was profiled (profile_ms)."""
+    shape = r.plan.module_shape
+    shape_txt = f"{shape} [b*h,s,d]"
+    head = base_row("module", "roofline", config="gemms", dtype=dtype, shape=shape_txt)
+    if not r.ceiling_gbps:
+        r.skip(head, "no copy ceiling in this run")
+        return
+    gemm = None
+    with r.guard(head):
+        step, check = unfused_gemms(shape, dtype, r.device, shape.d**-0.5)
+        chk = check()
+        gemm = time_calls(step, r.device, max(r.plan.reps, 3), r.plan.warmup)
+        if not chk.ok:
+            r.emit(r.checked(dict(head), chk))
+            return
+        del step
+    if r.device.type == "cuda":
+        torch.cuda.empty_cache()
+    if gemm is None:
+        return
+    elem = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    for config in ROOFLINE_CONFIGS:
+        impls = te_rows.get(config, {})
+        ours = impls.get("te_fast")
+        tokens = None
+        if config == "thd":
+            tokens = (ours or {}).get("tokens")
+            if tokens is None:
+                r.skip(base_row("module", "roofline", config=config, dtype=dtype), "no thd run")
+                continue
+        row = base_row("module", "roofline", config=config, dtype=dtype, shape=shape_txt)
+        nbytes = roofline_bytes(shape, elem, tokens)
+        terms = roofline(gemm.median_ms, nbytes, r.ceiling_gbps)
+        row.update(nbytes)
+        row.update(terms)
+        row.update(
+            gemm_iqr_ms=gemm.iqr_ms,
+            gemm_reps=gemm.n,
+            gemm_tflops=gemm_flops(shape) / (gemm.median_ms * 1e-3) / 1e12,
+            ceiling_gbps=r.ceiling_gbps,
+            tokens=tokens,
+        )
+        for x in impls.values():
+            if x.get("status") == "ok" and "median_ms" in x:
+                x["x_roofline"] = x["median_ms"] / terms["bound_ms"]
+        if ours is None or "x_roofline" not in ours:
+            row["note"] = "te_fast has no time in this run"
+        else:
+            row.update(te_fast_ms=ours["median_ms"], x_roofline=ours["x_roofline"])
+            if ours.get("profile_ms"):
+                row.update(gaps(ours["median_ms"], ours["profile_ms"], terms))
+        r.emit(row)
+        if not r.plan.smoke:
+            print(f"         {describe_roofline(row)}", flush=True)
+
+
+def gaps(te_ms: float, profile: dict[str, float], terms: dict[str, float]) -> dict:
+    """te_fast's time minus the bound, by term: each profiled term less the bound's, the other
+    kernels, and what no kernel covers (launch gaps, host waits: the median step less the
+    profiled kernels). The terms sum to te_fast_ms - bound_ms."""
+    gap = {t: profile[t] - terms[f"{t}_ms"] for t in ("gemm", "softmax", "convert")}
+    gap["other_kernels"] = profile["other"]
+    gap["no_kernel"] = te_ms - sum(profile.values())
+    return {"gap_ms": gap, "largest_gap": max(gap, key=gap.get)}
+
+
+def describe_roofline(row: dict) -> str:
+    text = (
+        f"roofline {row['config']}: GEMMs {row['gemm_ms']:.3f} + softmax {row['softmax_ms']:.3f}"
+        f" + convert {row['convert_ms']:.3f} = {row['bound_ms']:.3f} ms"
+    )
+    if "x_roofline" in row:
+        text += f"; te_fast {row['te_fast_ms']:.3f} ms = {row['x_roofline']:.2f}x"
+    if "largest_gap" in row:
+        text += f"; largest gap: {row['largest_gap']} {row['gap_ms'][row['largest_gap']]:.3f} ms"
+    return text
+
+
 # ----------------------------------------------------------------------------- sections
 
 
@@ -256,6 +510,7 @@ def run_module(r: Runner) -> None:
     if not r.plan.module_dtypes():
         print("module: nothing to run (the training shape runs in bf16/fp16 only)", flush=True)
     for dtype in r.plan.module_dtypes():
+        te_rows: dict[str, dict[str, dict]] = {}  # config -> impl -> row, for the roofline
         for mask in MASKS:
             group = []
             if r.expired():
@@ -277,10 +532,20 @@ def run_module(r: Runner) -> None:
                     torch.cuda.empty_cache()  # each impl starts from the same allocator state
                 measure(r, row, impl, args, args, inp.do, check_fn, how)
                 group.append(row)
+                if impl.name == "te_fast":
+                    add_profile(r, row, make_step(impl.build(), args, args, inp.do, None))
             summarize_group(r, group, "median_ms")
+            te_rows[mask] = {x["impl"]: x for x in group if x["impl"].startswith("te_fast")}
             del inp, ref
             if r.device.type == "cuda":
                 torch.cuda.empty_cache()
+        if r.expired():
+            r.skip(base_row("module", "roofline", config="all", dtype=dtype), "deadline passed")
+            continue
+        te_rows["thd"] = {"te_fast": run_thd(r, shape, dtype, how)}
+        if r.device.type == "cuda":
+            torch.cuda.empty_cache()
+        run_roofline(r, dtype, te_rows)
 
 
 def run_small(r: Runner) -> None:

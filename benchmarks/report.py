@@ -175,26 +175,72 @@ def render_markdown(result: dict) -> str:
 
 
 def _module_table(result: dict) -> list[str]:
-    rows = _rows(result, section="module")
+    rows = [
+        r
+        for r in _rows(result, section="module")
+        if r["impl"] != "roofline" and r.get("config") != "thd"
+    ]
     if not rows:
-        return []
+        return _roofline_table(result)
     lines = [
         "## Module at the training shape (forward + backward)",
         "",
         f"{rows[0].get('shape', '')}; CUDA-event median; speedup = eager composite's time / "
-        "this time; peak = max_memory_allocated during one step above the inputs.",
+        "this time; x roofline = this time / the unfused roofline (below); peak = "
+        "max_memory_allocated during one step above the inputs.",
         "",
-        "| dtype | mask | impl | ms | speedup | peak extra GiB | compile s | status |",
-        "|---|---|---|---:|---:|---:|---:|---|",
+        "| dtype | mask | impl | ms | speedup | x roofline | peak extra GiB | compile s | status |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         peak = r.get("peak_extra_bytes")
         best = " (fastest fused)" if r.get("best_fused") else ""
         lines.append(
             f"| {r.get('dtype', '')} | {r.get('config', '')} | {r['impl']}{best} | {_fmt_ms(r)} | "
-            f"{_opt(r, 'speedup', '{:.2f}x')} | "
+            f"{_opt(r, 'speedup', '{:.2f}x')} | {_opt(r, 'x_roofline', '{:.2f}x')} | "
             f"{'–' if peak is None else f'{peak / 2**30:.2f}'} | "
             f"{_opt(r, 'compile_s', '{:.1f}')} | {_status(r)} |"
+        )
+    lines.append("")
+    return lines + _roofline_table(result)
+
+
+def _roofline_table(result: dict) -> list[str]:
+    rows = _rows(result, section="module", impl="roofline")
+    if not rows:
+        return []
+    thd = {r.get("dtype"): r for r in _rows(result, section="module", impl="te_fast", config="thd")}
+    lines = [
+        "## The unfused roofline (forward + backward)",
+        "",
+        "bound = the six GEMMs alone (cuBLAS `baddbmm`/`bmm` on contiguous [b·h, s, d] operands: "
+        "S = QKᵀ, O = PV, dV = PᵀdO, dP = dOVᵀ, dQ = dS·K, dK = dSᵀQ; CUDA-event median) + the "
+        "softmax's bytes (forward 2·n, backward 3·n elements, n = b·h·s² scores) and, for thd, "
+        "the conversions' bytes (q, k, v, dout thd→bshd: t + b·s rows each; out, dq, dk, dv "
+        "bshd→thd: 2·t rows each), both at the copy ceiling of this run. x roofline = te_fast "
+        "eager's fwd+bwd / bound; largest gap = the term of te_fast's profiled step furthest "
+        "above the bound's (no_kernel: the step's time no kernel covers).",
+        "",
+        "| dtype | config | GEMMs ms (TFLOP/s) | softmax ms | convert ms | bound ms | te_fast ms "
+        "| x roofline | largest gap | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r.get('dtype', '')} | {r.get('config', '')} | "
+                         + "– | " * 7 + f"{_status(r)} |")  # fmt: skip
+            continue
+        config = r["config"]
+        if config == "thd" and r.get("dtype") in thd:
+            config += f" ({thd[r['dtype']].get('shape', '')})"
+        gap = "–"
+        if r.get("largest_gap"):
+            gap = f"{r['largest_gap']} +{r['gap_ms'][r['largest_gap']]:.3f} ms"
+        lines.append(
+            f"| {r.get('dtype', '')} | {config} | {r['gemm_ms']:.3f} ({r['gemm_tflops']:.0f}) | "
+            f"{r['softmax_ms']:.3f} | {r['convert_ms']:.3f} | {r['bound_ms']:.3f} | "
+            f"{_opt(r, 'te_fast_ms', '{:.3f}')} | {_opt(r, 'x_roofline', '{:.2f}x')} | {gap} | "
+            f"{_status(r)} |"
         )
     lines.append("")
     return lines

@@ -56,8 +56,11 @@ def test_smoke_run_writes_every_section(tmp_path, capsys):
         if r["section"] in ("softmax", "convert") and r["status"] == "ok":
             assert r["bytes"] > 0 and r["fraction_of_ceiling"] > 0 and r["check"]["ok"], r
     timed = [
-        r for r in rows if r["section"] in ("module", "small", "stack") and r["status"] == "ok"
-    ]
+        r
+        for r in rows
+        if r["section"] in ("module", "small", "stack") and r["status"] == "ok"
+        and r["impl"] != "roofline" and r.get("config") != "thd"  # no composite beside them
+    ]  # fmt: skip
     assert {r["impl"] for r in timed} >= {"te_fast", "te_fast.compile", "composite", "sdpa.math"}
     assert all("speedup" in r and r["check"]["ok"] for r in timed)
     assert all("wall_ms" in r for r in timed if r["section"] in ("small", "stack"))
@@ -73,6 +76,87 @@ def test_smoke_run_writes_every_section(tmp_path, capsys):
     assert "SMOKE" in md and "scaled_softmax_fwd, bf16" in md and "Stack of layers" in md
     assert md.count("Paired rounds, te_fast / composite (eager") == 2  # small and stack
     assert (tmp_path / "latest.png").stat().st_size > 1000
+
+
+def test_roofline_bytes_and_bound_by_hand():
+    """b2 h3 s4 d5, 2-byte elements: n = 2*3*4*4 = 96 scores; softmax forward 2*96*2 = 384 bytes,
+    backward 3*96*2 = 576. THD with t = 6 tokens, a token row of 3*5*2 = 30 bytes: thd->bshd
+    (6 + 2*4)*30 = 420, bshd->thd 2*6*30 = 360; forward q, k, v in and out back 3*420 + 360 =
+    1620, backward dout in and dq, dk, dv back 420 + 3*360 = 1500."""
+    from benchmarks.cases import AttnShape
+    from benchmarks.module_bench import gaps, gemm_flops, roofline, roofline_bytes
+
+    shape = AttnShape(2, 3, 4, 5)
+    thd = roofline_bytes(shape, 2, 6)
+    assert thd == {"softmax_fwd_bytes": 384, "softmax_bwd_bytes": 576,
+                   "convert_fwd_bytes": 1620, "convert_bwd_bytes": 1500}  # fmt: skip
+    bshd = roofline_bytes(shape, 4, None)
+    assert bshd == {"softmax_fwd_bytes": 768, "softmax_bwd_bytes": 1152,
+                    "convert_fwd_bytes": 0, "convert_bwd_bytes": 0}  # fmt: skip
+    assert gemm_flops(shape) == 6 * 2 * 2 * 3 * 4 * 4 * 5
+    # a copy ceiling of 1e-6 GB/s: 1000 bytes a second, 1 byte a millisecond
+    terms = roofline(2.5, thd, 1e-6)
+    assert terms == pytest.approx(
+        {"gemm_ms": 2.5, "softmax_ms": 960.0, "convert_ms": 3120.0, "bound_ms": 4082.5}
+    )
+    assert roofline(2.5, bshd, 1e-6)["bound_ms"] == pytest.approx(2.5 + 1920.0)
+    small = {"gemm_ms": 4.0, "softmax_ms": 1.0, "convert_ms": 0.25, "bound_ms": 5.25}
+    profile = {"gemm": 5.0, "softmax": 2.5, "convert": 0.5, "other": 0.5}
+    got = gaps(10.0, profile, small)
+    assert got["gap_ms"] == pytest.approx(
+        {"gemm": 1.0, "softmax": 1.5, "convert": 0.25, "other_kernels": 0.5, "no_kernel": 1.5}
+    )
+    assert sum(got["gap_ms"].values()) == pytest.approx(10.0 - 5.25)
+    assert got["largest_gap"] == "softmax"
+
+
+def test_unfused_gemms_are_checked(monkeypatch):
+    """The roofline's GEMMs are checked against float64 before they are timed: GEMMs that write
+    zeros fail the check."""
+    from benchmarks.cases import AttnShape
+    from benchmarks.module_bench import unfused_gemms
+
+    step, check = unfused_gemms(AttnShape(2, 2, 16, 8), "bf16", torch.device("cpu"), 0.3)
+    assert check().ok
+    monkeypatch.setattr(torch, "bmm", lambda a, b, *, out: out.zero_())
+    assert not check().ok
+
+
+def test_smoke_run_has_the_roofline_rows(tmp_path, capsys):
+    """The module section's roofline: one row per config (causal, padding, thd) with its terms,
+    bytes by roofline_bytes at the smoke shape, te_fast's time as a multiple of the bound; te_fast
+    at THD timed and checked; both tables in latest.md."""
+    from benchmarks.cases import AttnShape
+    from benchmarks.module_bench import roofline_bytes
+
+    code, result = _run(tmp_path, "--only", "module")
+    assert code == 0, capsys.readouterr().out
+    rows = {r["case"]: r for r in result["rows"]}
+    thd = rows["module/thd/bf16/te_fast"]
+    assert thd["status"] == "ok" and thd["check"]["ok"] and thd["median_ms"] > 0
+    t = thd["tokens"]
+    assert "thd" in thd["shape"] and 16 <= t <= 32  # b2 s16, lengths in [8, 16]
+    shape = AttnShape(2, 2, 16, 8)  # cases.smoke_plan's module shape
+    for config in ("causal", "padding", "thd"):
+        r = rows[f"module/{config}/bf16/roofline"]
+        assert r["status"] == "ok"
+        nbytes = roofline_bytes(shape, 2, t if config == "thd" else None)
+        assert {k: r[k] for k in nbytes} == nbytes
+        assert r["softmax_fwd_bytes"] == 2 * 2 * 2 * 16 * 16 * 2
+        assert r["convert_fwd_bytes"] > 0 if config == "thd" else r["convert_fwd_bytes"] == 0
+        assert r["ceiling_gbps"] == result["ceiling_gbps"] > 0
+        assert r["bound_ms"] == pytest.approx(r["gemm_ms"] + r["softmax_ms"] + r["convert_ms"])
+        assert r["softmax_ms"] == pytest.approx(
+            (r["softmax_fwd_bytes"] + r["softmax_bwd_bytes"]) / (r["ceiling_gbps"] * 1e6)
+        )
+        ours = thd if config == "thd" else rows[f"module/{config}/bf16/te_fast"]
+        assert r["te_fast_ms"] == ours["median_ms"]
+        assert r["x_roofline"] == pytest.approx(ours["median_ms"] / r["bound_ms"])
+        assert ours["x_roofline"] == r["x_roofline"]
+    assert "x_roofline" in rows["module/causal/bf16/te_fast.compile"]
+    md = (tmp_path / "latest.md").read_text()
+    assert "## The unfused roofline" in md and "| x roofline |" in md
+    assert "| bf16 | thd (b2 h2 s16 d8 thd t=" in md
 
 
 def _unnormalised(x, scale):
