@@ -201,6 +201,31 @@ def module(rows: Rows) -> list[Target]:
     return [time, mem]
 
 
+ROOFLINE_CONFIGS = ("causal", "padding", "thd")  # module_bench.ROOFLINE_CONFIGS
+
+
+def roofline(rows: Rows) -> Target:
+    """Target 8: te_fast eager's fwd+bwd against the unfused roofline of the same run (the
+    GEMMs alone + the softmax's and conversions' bytes at the copy ceiling: the module section's
+    roofline rows), at the training shape's two masks and its THD batch. A miss names the
+    largest gap term of te_fast's profiled step where the row has one."""
+    t = Target("8", "module fwd+bwd <= 1.15x the unfused roofline", worst_first=False)
+    for dt in HALF:
+        for config in ROOFLINE_CONFIGS:
+            r = rows.get("module", "roofline", dt, config)
+            case = f"{dt} {config} te_fast"
+            x = _value(r, "x_roofline")
+            if x is None:
+                t.missing.append(case)
+                continue
+            text = f"{x:.2f}x the bound"
+            gap = r.get("largest_gap")
+            if gap and x > 1.15:
+                text += f", largest gap {gap} +{r['gap_ms'][gap]:.3f} ms"
+            t.checks.append(Check(case, x, x <= 1.15, text))
+    return t
+
+
 def _wall(row: dict | None) -> float | None:
     """Host wall clock per step where the row has it (small, stack), else the median."""
     return _value(row, "wall_ms") or _ms(row)
@@ -262,6 +287,7 @@ def evaluate(run: dict) -> list[Target]:
         convert(rows),
         *module(rows),
         *host_bound(rows),
+        roofline(rows),
     ]  # fmt: skip
 
 
@@ -291,7 +317,9 @@ def render(run: dict, targets: list[Target], misses: int = 8) -> list[str]:
         "Targets 5 and 6 time host-bound steps, which swing by 20% and more from run to run on the "
         "H200 machine when each side is timed in its own stretch: 5 and 6a are read from paired "
         "rounds (te_fast and the composite alternating) where the run has them (since 2026-12-05). "
-        "Target 7 (numerics) is the suites' to judge: `python -m reports run`.",
+        "Target 7 (numerics) is the suites' to judge: `python -m reports run`. Target 8 reads "
+        "the module section's roofline rows; a run without them (an older one) "
+        "leaves it incomplete.",
     ]
     return lines
 

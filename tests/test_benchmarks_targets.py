@@ -51,7 +51,19 @@ def passing(stored: dict) -> dict:
         elif r["section"] in ("small", "stack") and r["impl"].startswith("te_fast"):
             other = composite[(r["section"], r["impl"].replace("te_fast", "composite"))]
             r["wall_ms"] = 0.5 * other["wall_ms"]
+    run["rows"] += [roofline_row(dt, config, 1.1) for dt in ("bf16", "fp16")
+                    for config in ("causal", "padding", "thd")]  # fmt: skip
     return run
+
+
+def roofline_row(dtype: str, config: str, x: float) -> dict:
+    """A module roofline row (module_bench.run_roofline) at x times the bound; the stored run
+    predates them."""
+    gap = {"gemm": 0.2, "softmax": 0.9, "convert": 0.0, "other_kernels": 0.1, "no_kernel": 0.3}
+    case = f"module/{config}/{dtype}/roofline"
+    fields = {"config": config, "dtype": dtype, "status": "ok", "bound_ms": 10.0}
+    fields.update(te_fast_ms=10.0 * x, x_roofline=x, gap_ms=gap, largest_gap="softmax")
+    return {"case": case, "section": "module", "impl": "roofline", **fields}
 
 
 def row(run: dict, case: str) -> dict:
@@ -136,6 +148,24 @@ def test_module_and_host_bound_limits(stored):
     t = by_number(run)
     assert {n for n, x in t.items() if x.verdict != "met"} == {"4a", "4b", "5", "6b"}
     assert [c.case for c in t["4a"].checks if not c.ok] == ["fp16 padding te_fast.compile"]
+
+
+def test_the_roofline_target(stored):
+    """Target 8: x_roofline <= 1.15 at both masks and THD, both 16-bit dtypes; a miss names the
+    largest gap term; without the rows (the stored run) it is incomplete."""
+    assert by_number(stored)["8"].verdict == "incomplete"
+    assert len(by_number(stored)["8"].missing) == 6
+    run = passing(stored)
+    t = by_number(run)["8"]
+    assert t.verdict == "met" and len(t.checks) == 6
+    row(run, "module/thd/fp16/roofline")["x_roofline"] = 1.16
+    t = by_number(run)
+    assert [n for n, x in t.items() if x.verdict != "met"] == ["8"]
+    (bad,) = [c for c in t["8"].checks if not c.ok]
+    assert bad.case == "fp16 thd te_fast"
+    assert bad.text == "1.16x the bound, largest gap softmax +0.900 ms"
+    row(run, "module/causal/bf16/roofline")["status"] = "WRONG"
+    assert "bf16 causal te_fast" in by_number(run)["8"].missing
 
 
 def test_paired_rounds_decide_the_eager_host_bound_targets(stored):
