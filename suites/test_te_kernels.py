@@ -1,4 +1,4 @@
-"""Transformer Engine's own fused softmax kernels (suites/te_kernels.py) judged by the op cases.
+"""Transformer Engine's own fused softmax kernels (suites/adapters/te_kernels.py) judged by the op cases.
 
 Two shapes per op case: `op_case`, test_ops.py's own inputs (sq = 5 and b*h = 3, which TE's
 warp-per-row dispatchers mostly reject: those skip with TE's reason), and `te_shape`, the same op,
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import te_ref
-from suites import te_kernels
-from suites.numerics import K_BACKWARD, K_FORWARD, check_ratio
+from suites.adapters import te_kernels
+from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_ratio
 from suites.op_cases import DTYPES, SOFTMAX_DTYPES, random_data, random_mask, range_end_scores
 from suites.test_ops import ROW_LENGTHS, SCALE, VARIANTS, _inputs
 

@@ -1,4 +1,4 @@
-"""tools/te_kernels/build.py on a stand-in TE tree, and suites/te_kernels.py's limits (no GPU)."""
+"""tools/te_kernels/build.py on a stand-in TE tree, and suites/adapters/te_kernels.py's limits (no GPU)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from suites import te_kernels
+from suites.adapters import te_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 SOFTMAX = ("scaled_masked_softmax", "scaled_upper_triang_masked_softmax")

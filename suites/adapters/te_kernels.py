@@ -17,14 +17,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LIB = ROOT / "build" / "te_kernels" / "libte_kernels.so"
 BUILD_HINT = (
     "TE_SRC=.te_src python tools/te_kernels/build.py build (docs/te_kernels.md), "
     "or TE_KERNELS_LIB=path/to/libte_kernels.so"
 )
 
-# TE source lines the limits come from (TE d0067d0, docs/te_kernels.md)
+# TE source lines the limits come from (the TE commit docs/te_kernels.md names)
 SOFTMAX_CPP = "transformer_engine/pytorch/csrc/extensions/softmax.cpp"
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_SK = 16384
