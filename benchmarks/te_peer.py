@@ -1,4 +1,4 @@
-"""The `te` softmax peer: Transformer Engine's own fused softmax kernels (suites/adapters/te_kernels.py).
+"""The `te` softmax peer: Transformer Engine's own fused softmax kernels (adapters/te_kernels).
 
 One forward and one backward row per te_fast softmax op, for the dtypes and row lengths TE runs
 (fp16/bf16, sk <= 16384); every other case is a skip row with TE's reason, and one skip row per

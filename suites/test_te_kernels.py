@@ -1,4 +1,4 @@
-"""Transformer Engine's own fused softmax kernels (suites/adapters/te_kernels.py) judged by the op cases.
+"""Transformer Engine's own fused softmax kernels (adapters/te_kernels) judged by the op cases.
 
 Two shapes per op case: `op_case`, test_ops.py's own inputs (sq = 5 and b*h = 3, which TE's
 warp-per-row dispatchers mostly reject: those skip with TE's reason), and `te_shape`, the same op,

@@ -1,4 +1,4 @@
-"""tools/te_kernels/build.py on a stand-in TE tree, and suites/adapters/te_kernels.py's limits (no GPU)."""
+"""tools/te_kernels/build.py on a stand-in TE tree, and the adapter's limits (no GPU)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ few files that would drag in more than the kernels need (STANDINS; docs/te_kerne
 each), generates TE's string headers from TE's own template, compiles TE's
 fused_softmax/*.cu, common.cu, transformer_engine.cpp and util/cuda_driver.cpp with TE's flags
 for the fused softmax sources, plus the project's binding.cpp and cuda_runtime_standin.cpp, and
-links OUT/libte_kernels.so (every symbol resolved at link time). suites/adapters/te_kernels.py loads it
-with ctypes. TE's code is never copied into the repository: TE_SRC and OUT are ignored folders.
+links OUT/libte_kernels.so (every symbol resolved at link time); suites/adapters/te_kernels.py
+loads it with ctypes. TE's code is never copied into the repository: TE_SRC and OUT are ignored
+folders.
 """
 
 from __future__ import annotations
