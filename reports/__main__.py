@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from reports import env
@@ -15,12 +16,21 @@ from reports.compare import (
     CATEGORIES,
     DEFAULT_FACTOR,
     DEFAULT_MIN_RATIO,
+    WHOLE,
     Comparison,
     compare,
     format_comparison,
 )
 from reports.merge import inconsistencies, merge_reports
-from reports.model import ReportError, failures, interrupted, load_report, write_report
+from reports.model import (
+    DEFAULT_SCOPE,
+    ReportError,
+    failures,
+    interrupted,
+    load_report,
+    run_scope,
+    write_report,
+)
 from reports.render import render, summary_line
 from reports.verdict import Verdict
 
@@ -35,18 +45,32 @@ IMPL_SUITES = (
 
 EPILOG = """\
 examples:
-  python -m reports run suites/                  run the suites (-n auto), render, gate
+  python -m reports run                          run the suites (suites/, -n auto), render, gate
   python -m reports run -- -k bf16 -x            everything after -- goes to pytest
   python -m reports run --update-baseline        run and make this run the baseline
+  python -m reports run --update-baseline --accept-loss "TE 2.21 drops fp8 on CPU"
+                                                 ... though it lost coverage (recorded in it)
   python -m reports run --impl transformer_engine gate an installed Transformer Engine
   python -m reports compare new.json reports/baseline/h100.json
   python -m reports merge s1.json s2.json s3.json -o merged.json
   python -m reports render reports/latest/report.json
   python -m reports screenshot reports/baseline/h200.json -o docs/report_h200.png
 
-exit codes: 0 pass; 1 failing cases or regressions against the baseline;
-            2 missing/corrupt baseline or unreadable report; other: pytest's own exit code.
+exit codes: 0 pass (or no baseline yet and nothing failed); 1 failing cases, regressions
+            against the baseline, or a refused baseline update; 2 corrupt baseline,
+            unreadable report or a run stopped early; other: pytest's own exit code.
+
+The tool's own tests (tests/) are not part of the verdict: run them with `pytest -n auto tests`.
 """
+
+
+def _accept_loss_opt(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--accept-loss",
+        metavar="REASON",
+        help="with --update-baseline: accept lost coverage (passed -> skipped, missing cases) "
+        "into the baseline, which records REASON; without it such an update is refused",
+    )
 
 
 def _float_opts(p: argparse.ArgumentParser) -> None:
@@ -122,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --update-baseline: update even though cases failed",
     )
+    _accept_loss_opt(run)
     run.add_argument(
         "--no-compare",
         action="store_true",
@@ -149,13 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --update-baseline: update even though NEW has failing cases",
     )
+    _accept_loss_opt(cmp)
     cmp.set_defaults(func=cmd_compare)
 
     mrg = sub.add_parser(
         "merge",
         allow_abbrev=False,
         help="merge shard reports into one",
-        description="Union of the cases of shard reports (from --te-shard i/n).",
+        description="Union of the cases of shard reports (from --te-shard i/n): every shard of "
+        "the split, each once; a missing, repeated or overlapping shard is an error (exit 2).",
     )
     mrg.add_argument("reports", nargs="+", metavar="REPORT", help="shard report.json files")
     mrg.add_argument("-o", "--output", required=True, metavar="PATH", help="merged report")
@@ -198,23 +225,57 @@ def _accept_command(new: Path, baseline: Path) -> str:
     )
 
 
-def _update_baseline(report: dict, baseline: Path, force: bool) -> bool:
-    if interrupted(report) and not force:
-        print(
-            f"refusing to update the baseline {baseline}: the run was stopped early "
-            f"({interrupted(report)}) and its report is partial (pass --force to record it anyway)"
-        )
-        return False
+def _update_baseline(
+    report: dict, baseline: Path, args: argparse.Namespace, old: dict | None
+) -> tuple[bool, list[str]]:
+    """Write report as the baseline unless a gate refuses: (updated, the gates overridden).
+
+    Coverage lost against the old baseline (passed -> skipped, cases missing, whatever this run's
+    scope: a subset run would drop the rest) is refused without --accept-loss REASON, which the
+    new baseline records under "accepted_loss"."""
+    force, accept = args.force, (args.accept_loss or "").strip()
+    overrides = []
+    if interrupted(report):
+        if not force:
+            print(
+                f"refusing to update the baseline {baseline}: the run was stopped early "
+                f"({interrupted(report)}) and its report is partial (pass --force to record it "
+                "anyway)"
+            )
+            return False, []
+        overrides.append(f"--force: a partial report ({interrupted(report)}) made the baseline")
     failing = len(failures(report))
-    if failing and not force:
-        print(
-            f"refusing to update the baseline {baseline}: {failing} case(s) failed "
-            "(fix them, or pass --force to record them as the baseline)"
-        )
-        return False
-    write_report(report, baseline)
+    if failing:
+        if not force:
+            print(
+                f"refusing to update the baseline {baseline}: {failing} case(s) failed "
+                "(fix them, or pass --force to record them as the baseline)"
+            )
+            return False, []
+        overrides.append(f"--force: {failing} failing case(s) recorded in the baseline")
+    data = {k: v for k, v in report.items() if k not in ("verdict", "accepted_loss")}
+    loss = compare(report, old, scope=WHOLE).coverage_loss if old else []
+    if loss:
+        if not accept:
+            print(
+                f"refusing to update the baseline {baseline}: this run lost coverage of "
+                f"{len(loss)} baseline case(s) (passed -> skipped, or missing):"
+            )
+            for nodeid, detail in loss[:20]:
+                print(f"  {nodeid}  {detail}")
+            if len(loss) > 20:
+                print(f"  ... and {len(loss) - 20} more")
+            print('  (pass --accept-loss "REASON" to accept the loss; the baseline records REASON)')
+            return False, []
+        data["accepted_loss"] = {
+            "reason": accept,
+            "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "cases": [f"{nodeid}: {detail}" for nodeid, detail in loss],
+        }
+        overrides.append(f"--accept-loss: {len(loss)} case(s) of lost coverage accepted: {accept}")
+    write_report(data, baseline)
     print(f"baseline updated: {baseline} ({len(report['cases'])} cases)")
-    return True
+    return True, overrides
 
 
 def _workers_chosen(args: list[str]) -> bool:
@@ -231,23 +292,29 @@ def _workers_chosen(args: list[str]) -> bool:
 
 def _compare_with_baseline(
     report: dict, report_path: Path, baseline: Path, args: argparse.Namespace
-) -> tuple[Comparison | None, str | None]:
-    """(the comparison, None) or (None, why there is none and what to do about it)."""
+) -> tuple[Comparison | None, dict | None, str | None, str]:
+    """(the comparison, the baseline, None, "ok") or (None, None, why there is none and what to
+    do about it, "skipped" | "missing" | "unusable")."""
     if args.no_compare:
-        return None, "comparison skipped (--no-compare)"
+        return None, None, "comparison skipped (--no-compare)", "skipped"
     if not baseline.exists():
         if args.update_baseline:
-            return None, f"no baseline at {baseline} yet: this run becomes it"
-        return None, (
-            f"no baseline at {baseline}; create it from a good run with:\n"
-            f"  python -m reports run --baseline {baseline} --update-baseline ...\n"
-            f"  (or: {_accept_command(report_path, baseline)})"
+            return None, None, f"no baseline at {baseline} yet: this run becomes it", "missing"
+        return (
+            None,
+            None,
+            (
+                f"no baseline at {baseline}; to accept this run as the baseline:\n"
+                f"  {_accept_command(report_path, baseline)}\n"
+                f"  (or: python -m reports run --baseline {baseline} --update-baseline ...)"
+            ),
+            "missing",
         )
     try:
         base = load_report(baseline)
     except ReportError as e:
-        return None, f"error: unusable baseline: {e}"
-    return compare(report, base, args.ratio_factor, args.min_ratio), None
+        return None, None, f"error: unusable baseline: {e}", "unusable"
+    return compare(report, base, args.ratio_factor, args.min_ratio), base, None, "ok"
 
 
 def _paths_given(args: list[str]) -> bool:
@@ -289,9 +356,13 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     # another adapter's run has other cases: it is compared with its own baseline
     name = ".".join([machine, *impls])
     baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{name}.json"
+    # without paths, the default scope: the conformance suites (the adapter suites with --impl),
+    # never tests/ (the tool's own tests, `pytest -n auto tests`)
+    default = [] if _paths_given(pytest_args) else list(IMPL_SUITES if impls else DEFAULT_SCOPE)
+    if default:
+        pytest_args = [*pytest_args, "--te-default-paths", *default]
     if impls:
-        suites = [] if _paths_given(pytest_args) else list(IMPL_SUITES)
-        pytest_args = [*(a for n in impls for a in ("--impl", n)), *pytest_args, *suites]
+        pytest_args = [*(a for n in impls for a in ("--impl", n)), *pytest_args]
     report_path, junit = out / "report.json", out / "junit.xml"
     report_path.unlink(missing_ok=True)  # a stale report must not stand in for this run's
 
@@ -314,14 +385,17 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
         return rc or 2
     report = load_report(report_path)
     stopped = interrupted(report)
+    scope = run_scope(report)
+    print(f"\nrun: {scope.describe()}")
 
-    result, base_problem = _compare_with_baseline(report, report_path, baseline, args)
+    result, old, base_problem, base_state = _compare_with_baseline(
+        report, report_path, baseline, args
+    )
     if result and stopped and result.items["missing"]:
         # the cases that never ran are the stop's doing, said once in the verdict, not regressions
         print(f"{len(result.items['missing'])} baseline case(s) did not run (stopped early)")
         result.items["missing"] = []
     text = format_comparison(result, str(report_path), str(baseline)) if result else base_problem
-    md, page = render(report, out, text)
 
     print()
     if result:
@@ -331,10 +405,15 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
                 f"to accept this run as the new baseline:\n  "
                 f"{_accept_command(report_path, baseline)}"
             )
-    updated = args.update_baseline and _update_baseline(report, baseline, args.force)
+    updated, overrides = (
+        _update_baseline(report, baseline, args, old) if args.update_baseline else (False, [])
+    )
+    if args.no_compare:
+        overrides.insert(0, "--no-compare: not compared with a baseline")
 
     verdict = Verdict(
         failing=len(failures(report)),
+        passing=report["summary"].get("passed", 0),
         pytest_exit=rc,
         interrupted=stopped or "",
         reported=len(report["cases"]),
@@ -342,17 +421,29 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
         regressions=result.regressions if result and not updated else 0,
         baseline=str(baseline),
         baseline_refused=args.update_baseline and not updated,
-        no_baseline=bool(base_problem) and not args.no_compare and not updated,
+        no_baseline=base_state == "missing" and not updated,
+        unusable_baseline=base_state == "unusable" and not updated,
+        run_kind=scope.kind,
+        overrides=tuple(overrides),
     )
+    report["verdict"] = verdict.as_dict()
+    write_report(report, report_path)  # report.json holds the verdict
+    md, page = render(report, out, text)
 
     print("\n" + "=" * 30 + " TE conformance verdict " + "=" * 30)
-    print("PASS" if verdict.passed else "FAIL")
+    print(verdict.status)
     print(f"  {summary_line(report)}")
+    print(f"  {scope.describe()}")
     for reason in verdict.reasons:
         print(f"  - {reason}")
+    for note in verdict.notes:
+        print(f"  * {note}")
+    messages = {c["nodeid"]: (c.get("message") or "").strip() for c in failures(report)}
     for name, (title, gate) in CATEGORIES.items() if verdict.regressions else ():
         for nodeid, detail in result.items[name][:10] if gate else ():
-            print(f"  REGRESSED ({title.split(' (')[0]}) {nodeid}: {detail}")
+            why = messages.get(nodeid, "").split("\n", 1)[0][:200]
+            tail = f": {why}" if why else ""
+            print(f"  REGRESSED ({title.split(' (')[0]}) {nodeid}: {detail}{tail}")
     if base_problem and not updated:
         print(base_problem)
     for label, path in (("report", md), ("html", page), ("junit", junit), ("json", report_path)):
@@ -365,11 +456,15 @@ def cmd_compare(args: argparse.Namespace, _: list[str]) -> int:
     new = load_report(args.new)
     baseline = Path(args.baseline)
     if args.update_baseline and not baseline.exists():
-        return 0 if _update_baseline(new, baseline, args.force) else 1
-    result = compare(new, load_report(baseline), args.ratio_factor, args.min_ratio)
+        return 0 if _update_baseline(new, baseline, args, None)[0] else 1
+    old = load_report(baseline)
+    result = compare(new, old, args.ratio_factor, args.min_ratio)
     print(format_comparison(result, args.new, args.baseline))
     if args.update_baseline:
-        return 0 if _update_baseline(new, baseline, args.force) else 1
+        updated, overrides = _update_baseline(new, baseline, args, old)
+        for override in overrides:
+            print(f"overridden: {override}")
+        return 0 if updated else 1
     if result.news and not failures(new):
         print(f"to accept NEW as the baseline:\n  {_accept_command(Path(args.new), baseline)}")
     return 1 if result.regressions else 0

@@ -55,11 +55,27 @@ PROBE = """
       decodeError: decodeErrors[i],
     })),
     verdict: shown(document.querySelector(".verdict")),
+    verdictColours: (() => {
+      const el = document.querySelector(".verdict");
+      if (!el) return null;
+      const style = getComputedStyle(el);
+      return {background: style.backgroundColor, color: style.color};
+    })(),
     failures: shown(failures),
     failureEntries: failures ? document.querySelectorAll("h2 ~ h3").length : 0,
   };
 })()
 """
+
+
+def greenish(css_colour: str) -> bool:
+    """Whether a computed CSS colour ('rgb(216, 240, 216)') reads as green: its green channel
+    well above red and blue, and the colour not transparent."""
+    m = re.fullmatch(r"rgba?\((\d+), (\d+), (\d+)(?:, ([\d.]+))?\)", css_colour.strip())
+    if not m or (m[4] is not None and float(m[4]) == 0):
+        return False
+    r, g, b = int(m[1]), int(m[2]), int(m[3])
+    return g >= r + 16 and g >= b + 16
 
 
 class BrowserError(RuntimeError):
@@ -142,6 +158,11 @@ class PageCheck:
         verdict = self.probe.get("verdict", {})
         if not verdict.get("visible"):
             out.append("the verdict banner (.verdict) is not visible")
+        colours = self.probe.get("verdictColours") or {}
+        if re.search(r"\bFAIL\b", verdict.get("text", "")) and any(
+            greenish(colours.get(k, "")) for k in ("background", "color")
+        ):
+            out.append(f"a FAIL verdict is shown green ({colours})")
         failures = self.probe.get("failures", {})
         want = failures.get("present") if expect_failures is None else expect_failures
         if want and not failures.get("visible"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,9 @@ SCHEMA = "te-conformance-report"
 SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "skipped", "error", "xfailed", "xpassed")
 FAILING = ("failed", "error")
+# What `python -m reports run` judges when no paths are given: the conformance suites, never the
+# tool's own tests (tests/, run by `pytest -n auto tests`).
+DEFAULT_SCOPE = ("suites",)
 
 
 class ReportError(Exception):
@@ -92,6 +96,12 @@ def validate(data: Any, source: str) -> dict:
             raise bad(f"'{key}' is missing or not a {'list' if kind is list else 'object'}")
     if not isinstance(data["summary"].get("interrupted") or "", str):
         raise bad("'summary.interrupted' is not a string")
+    # optional, added after version 1 was fixed: a report without them is as valid as before
+    for key in ("verdict", "accepted_loss"):
+        if not isinstance(data.get(key) or {}, dict):
+            raise bad(f"'{key}' is not an object")
+    if not isinstance(data["environment"].get("selection") or {}, dict):
+        raise bad("'environment.selection' is not an object")
     for i, case in enumerate(data["cases"]):
         if not isinstance(case, dict) or not isinstance(case.get("nodeid"), str):
             raise bad(f"cases[{i}] has no 'nodeid'")
@@ -129,9 +139,10 @@ def write_report(report: dict, path: str | Path) -> None:
 
 
 def ratio_of(tensor: dict) -> float | None:
-    """A tensor entry's ratio; nan counts as inf (a nan comparison is a failure)."""
+    """A tensor entry's ratio; nan (and -inf, which no error/bound gives) counts as inf: a
+    non-finite comparison is never a small ratio."""
     r = to_float(tensor.get("ratio"))
-    return math.inf if r is not None and math.isnan(r) else r
+    return math.inf if r is not None and not math.isfinite(r) else r
 
 
 def worst_tensor(case: dict) -> dict | None:
@@ -177,3 +188,69 @@ def fmt_num(value: Any) -> str:
     """An error/bound for tables."""
     v = to_float(value)
     return "-" if v is None else f"{v:.3g}"
+
+
+def _under(nodeid: str, path: str) -> bool:
+    """Whether nodeid lies under a selection path ('.', a directory, a file or a node id)."""
+    path = path.rstrip("/")
+    if path in (".", ""):
+        return True
+    return nodeid == path or nodeid.startswith((path + "/", path + "::", path + "["))
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which cases a run was meant to run. A complete run (no -k/-m/--deselect/--lf/--te-shard,
+    and the default paths or paths that include them) answers for every baseline case under its
+    paths: one that did not run is missing. A subset run answers only for the cases it ran."""
+
+    complete: bool
+    paths: tuple[str, ...] = ()  # () or ("."): everything
+    narrowed_by: tuple[str, ...] = ()  # what made it a subset, for people
+
+    def covers(self, nodeid: str) -> bool:
+        return not self.paths or any(_under(nodeid, p) for p in self.paths)
+
+    def describe(self) -> str:
+        where = " ".join(self.paths) if self.paths else "every collected test"
+        if self.complete:
+            return f"full run ({where}): every baseline case under these paths must run"
+        return (
+            f"subset run ({'; '.join(self.narrowed_by)}): compared with the baseline only on the "
+            "cases it selected; baseline cases it did not select are not counted as missing"
+        )
+
+    @property
+    def kind(self) -> str:
+        return "full" if self.complete else "subset"
+
+
+WHOLE = Scope(True)
+
+
+def run_scope(report: dict) -> Scope:
+    """The scope of a report's run, from environment.selection (reports.plugin). A report without
+    one (written before it was recorded) counts as a full run of everything it holds."""
+    env = report["environment"]
+    sel = env.get("selection")
+    if not isinstance(sel, dict):
+        return WHOLE
+    narrowed = []
+    if sel.get("keyword"):
+        narrowed.append(f"-k {sel['keyword']}")
+    if sel.get("markexpr"):
+        narrowed.append(f"-m {sel['markexpr']}")
+    if sel.get("deselect"):
+        narrowed.append(f"--deselect ({len(sel['deselect'])})")
+    if sel.get("last_failed"):
+        narrowed.append("--lf")
+    if env.get("shard"):
+        narrowed.append(f"--te-shard {env['shard']}")
+    if sel.get("mixed"):
+        narrowed.append("shards that ran different selections")
+    paths = tuple(str(p) for p in sel.get("paths") or ())
+    everything = not paths or any(p.rstrip("/") in (".", "") for p in paths)
+    default_covered = all(any(_under(d, p) for p in paths) for d in DEFAULT_SCOPE)
+    if not (everything or sel.get("default_paths") or default_covered):
+        narrowed.append("paths " + " ".join(paths))
+    return Scope(not narrowed, () if everything else paths, tuple(narrowed))

@@ -33,6 +33,13 @@ def pytest_addoption(parser):
         help="run only shard i of n (1-based); shards 1..n together run every test exactly once",
     )
     group.addoption(
+        "--te-default-paths",
+        action="store_true",
+        default=False,
+        help="(set by `python -m reports run`) the paths are its default scope: without -k/-m/"
+        "--deselect this is a full run, whose missing baseline cases count",
+    )
+    group.addoption(
         "--te-machine-class",
         metavar="NAME",
         default=None,
@@ -146,6 +153,30 @@ def pytest_runtest_setup(item):
         )
 
 
+def selection(config) -> dict:
+    """What the run selected: its paths relative to the root directory ('.' for the root), -k, -m,
+    --deselect, --lf (reports.model.run_scope tells a full run from a subset with it)."""
+    root = Path(config.rootpath).resolve()
+    paths = []
+    for arg in config.args:
+        path, sep, rest = str(arg).partition("::")
+        p = Path(config.invocation_params.dir, path).resolve()
+        try:
+            rel = p.relative_to(root).as_posix()
+        except ValueError:
+            rel = p.as_posix()
+        paths.append(rel + sep + rest)
+    option = config.option
+    return {
+        "paths": paths,
+        "keyword": getattr(option, "keyword", "") or None,
+        "markexpr": getattr(option, "markexpr", "") or None,
+        "deselect": list(getattr(option, "deselect", None) or []),
+        "last_failed": bool(getattr(option, "lf", False)),
+        "default_paths": bool(config.getoption("te_default_paths")),
+    }
+
+
 def case_id(nodeid: str) -> str:
     """The parametrization id of a nodeid ('...::test_fwd[bf16-causal]' -> 'bf16-causal')."""
     name = nodeid.rsplit("::", 1)[-1]
@@ -206,6 +237,7 @@ class ReportWriter:
             self.config.getoption("te_shard"),
             self.config.getoption("te_machine_class"),
         )
+        self.environment["selection"] = selection(self.config)
 
     def _add(self, report) -> None:
         t = self.tests.setdefault(

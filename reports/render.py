@@ -7,6 +7,8 @@ import html
 import io
 import json
 import math
+import re
+import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +95,77 @@ def summary_line(report: dict) -> str:
     )
 
 
+def verdict_of(report: dict) -> dict | None:
+    """The release verdict stored by `python -m reports run` (None for a bare plugin report)."""
+    v = report.get("verdict")
+    return v if isinstance(v, dict) and v.get("status") else None
+
+
+def banner(report: dict) -> tuple[str, str]:
+    """(status, text) of the page's banner: the stored verdict with its reasons, else what the
+    test outcomes alone say (FAIL with a failing case or a partial report)."""
+    v = verdict_of(report)
+    if v is None:
+        failed = any(c["outcome"] in FAILING for c in report["cases"])
+        return ("FAIL" if failed or interrupted(report) else "PASS"), summary_line(report)
+    why = [*(v.get("reasons") or []), *(v.get("notes") or [])]
+    return v["status"], f"Verdict: {v['status']}" + (f" — {'; '.join(why)}" if why else "")
+
+
+def normalise_reason(reason: str) -> str:
+    """A skip reason as one group: pytest's 'reason: ' prefix dropped, the parts of a multi-reason
+    string ('a; b') de-duplicated and sorted, so the same reasons in another order are one row."""
+    reason = (reason or "-").strip().removeprefix("reason: ").strip()
+    parts = sorted({p.strip() for p in reason.split("; ") if p.strip()})
+    return "; ".join(parts) or "-"
+
+
+# A TE deviation xfail (suites/te_deviations): "TE deviation <ID>: <title> [TE <file:lines>]
+# reproducer: <one line>", and TE fallbacks, a classified outcome: "TE fallback: <what>".
+TE_DEVIATION = re.compile(
+    r"^TE deviation (?P<id>[^\s:]+):\s*(?P<title>.*?)\s*(?:\[TE (?P<where>[^\]]*)\])?\s*"
+    r"(?:reproducer:\s*(?P<repro>.*))?$",
+    re.DOTALL,
+)
+TE_FALLBACK = "TE fallback: "
+
+
+def te_deviation(case: dict) -> dict | None:
+    """{id, title, where, reproducer} of an xfailed case a TE deviation or fallback explains."""
+    if case["outcome"] != "xfailed":
+        return None
+    reason = (case.get("skip_reason") or "").strip().removeprefix("reason: ").strip()
+    if m := TE_DEVIATION.match(reason):
+        return {"id": m["id"], "title": m["title"], "where": m["where"] or "-",
+                "reproducer": (m["repro"] or "-").strip()}  # fmt: skip
+    if reason.startswith(TE_FALLBACK):
+        what, _, repro = reason[len(TE_FALLBACK) :].partition(" reproducer: ")
+        return {"id": "fallback", "title": what.strip(), "where": "-",
+                "reproducer": repro.strip() or "-"}  # fmt: skip
+    return None
+
+
+def te_deviation_rows(report: dict) -> list[list]:
+    """[id, title, TE source, cases, reproducer], one row per deviation (or fallback kind)."""
+    groups: dict[tuple[str, str], dict] = {}
+    for c in report["cases"]:
+        d = te_deviation(c)
+        if d is None:
+            continue
+        key = (d["id"], d["title"] if d["id"] == "fallback" else "")
+        g = groups.setdefault(key, {**d, "cases": 0})
+        g["cases"] += 1
+
+    def order(key):  # D1, D2, ..., D10 in number order; fallbacks last
+        n = re.search(r"\d+", key[0])
+        return (key[0] == "fallback", int(n[0]) if n else 0, key)
+
+    return [
+        [g["id"], g["title"], g["where"], g["cases"], g["reproducer"]]
+        for g in (groups[k] for k in sorted(groups, key=order))
+    ]
+
+
 def _environment_rows(env: dict) -> list[list]:
     gpus = Counter(f"{g.get('name')} (driver {g.get('driver')})" for g in env.get("gpus") or [])
     rows = [
@@ -172,6 +245,7 @@ def tables(report: dict) -> list[Table]:
                 fmt_num(t.get("max_abs_err")),
                 fmt_num(t.get("bound")),
                 fmt_ratio(to_float(t.get("ratio"))),
+                worst_at(c, t) or "-",
                 c["outcome"],
             ]
         )
@@ -179,18 +253,47 @@ def tables(report: dict) -> list[Table]:
         out.append(
             Table(
                 f"Worst {len(worst_rows)} cases by ratio",
-                ["#", "case", "impl", "tensor", "max_abs_err", "bound", "ratio", "outcome"],
+                [
+                    "#",
+                    "case",
+                    "impl",
+                    "tensor",
+                    "max_abs_err",
+                    "bound",
+                    "ratio",
+                    "worst at",
+                    "outcome",
+                ],  # fmt: skip
                 worst_rows,
             )
         )
+    deviations = te_deviation_rows(report)
+    if deviations:
+        explained = sum(row[3] for row in deviations)
+        out.append(
+            Table(
+                "TE deviations",
+                ["deviation", "title", "TE source", "cases", "reproducer"],
+                deviations,
+                f"{explained} xfailed case(s) explained by a documented Transformer Engine "
+                "deviation or a classified TE fallback (suites/te_deviations).",
+            )
+        )
     reasons = Counter(
-        ("xfail: " if c["outcome"] == "xfailed" else "") + (c.get("skip_reason") or "-")
+        ("xfail: " if c["outcome"] == "xfailed" else "") + normalise_reason(c.get("skip_reason"))
         for c in cases
-        if c["outcome"] in ("skipped", "xfailed")
+        if c["outcome"] in ("skipped", "xfailed") and te_deviation(c) is None
     )
     if reasons:
+        rows = sorted(([r, n] for r, n in reasons.items()), key=lambda row: (-row[1], row[0]))
         out.append(
-            Table("Skip reasons", ["reason", "cases"], [[r, n] for r, n in reasons.most_common()])
+            Table(
+                "Skip reasons",
+                ["reason", "cases"],
+                rows,
+                "one row per distinct reason (the parts of a multi-reason skip sorted)"
+                + ("; TE deviations are in their own section" if deviations else ""),
+            )
         )
     compiled = [
         c for c in cases if any(to_float((c.get("counters") or {}).get(k)) for k in COUNTER_KEYS)
@@ -229,6 +332,66 @@ def tables(report: dict) -> list[Table]:
     return out
 
 
+def _axes_of(fmt: str) -> list[str]:
+    """Axis names of one tensor format: 'bs3hd' -> b, s, h, d (the packing digit dropped)."""
+    return [a for a in fmt if a.isalpha()]
+
+
+def axis_names(case: dict, tensor: dict, ndim: int) -> list[str] | None:
+    """Names of a compared tensor's axes from the case's layout ('bshd_bs2hd', 'thd_t2hd',
+    'op:scaled_softmax'), or None where the layout does not say (then the index stays bare)."""
+    layout, name = field(case, "layout"), str(tensor.get("name", ""))
+    if layout.startswith("op:"):  # softmax ops: [b, h, s_q, s_k], or [b*h, s_q, s_k]
+        return {4: ["b", "h", "s_q", "s_k"], 3: ["bh", "s_q", "s_k"]}.get(ndim)
+    if name in ("max_logit", "dsoftmax_offset") and ndim == 1:
+        return ["h"]
+    if name == "dbias" and ndim == 4:
+        return ["b", "h", "s_q", "s_k"]
+    if layout == "-" or not re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)*", layout):
+        return None
+    parts = layout.split("_")
+    part = {"out": 0, "dq": 0, "dk": 1, "dv": 2}.get(name)
+    if part is None:
+        return None
+    axes = _axes_of(parts[min(part, len(parts) - 1)])
+    if name == "out" and ndim == len(axes) - 1 and axes[-2:] == ["h", "d"]:
+        axes = [*axes[:-2], "hd"]  # the output's heads and head dim flattened: [b, s, h*d]
+    return axes if len(axes) == ndim else None
+
+
+def worst_at(case: dict, tensor: dict | None) -> str | None:
+    """The worst element of a compared tensor with named axes ('b=0, s=1, h=0, d=3'), bare
+    ('[0, 1]') where the layout names none; None without a recorded index."""
+    index = (tensor or {}).get("worst_index")
+    if not isinstance(index, list) or not index:
+        return None
+    names = axis_names(case, tensor, len(index))
+    if names is None:
+        return "[" + ", ".join(map(str, index)) + "]"
+    return ", ".join(f"{a}={i}" for a, i in zip(names, index))
+
+
+REPRODUCE = re.compile(r"^(?:E\s+)?reproduce(?: \([^)]*\))?:\s*(?P<cmd>\S.*)$")
+
+
+def reproducer(case: dict, pytest_args: list[str] | None = None) -> str:
+    """One line that reproduces a failing case: the first `reproduce: <command>` line of its
+    failure text (the format checks print), else pytest on the case's node id (with the run's
+    --impl adapters)."""
+    for text in (case.get("message"), case.get("longrepr")):
+        for line in (text or "").splitlines():
+            if m := REPRODUCE.match(line.strip()):
+                return m["cmd"].strip()
+    impls = []
+    args = list(pytest_args or [])
+    for i, a in enumerate(args):
+        if a == "--impl" and i + 1 < len(args):
+            impls += ["--impl", args[i + 1]]
+        elif a.startswith("--impl="):
+            impls.append(a)
+    return shlex.join(["python", "-m", "pytest", "-p", "no:xdist", *impls, case["nodeid"]])
+
+
 @dataclass
 class Failure:
     """One failing case as both renderers show it."""
@@ -236,21 +399,53 @@ class Failure:
     nodeid: str
     outcome: str
     message: str  # stripped, at most 1000 characters, "-" when there is none
-    traceback: str | None  # the whole longrepr, for the first TRACEBACKS_N failures only
+    traceback: str | None  # the longrepr less the message's lines, for the first TRACEBACKS_N
+    reproducer: str = ""  # one line that runs the case again
+    worst: str = ""  # the worst tensor with its ratio and named worst element, when compared
+
+
+def _without_message(traceback: str | None, message: str) -> str | None:
+    """The traceback less its lines that repeat the message (pytest's 'E   ...' lines): the
+    failure text is shown once."""
+    if not traceback:
+        return None
+    said = {ln.strip() for ln in message.splitlines() if ln.strip()}
+    kept = []
+    for line in traceback.splitlines():
+        body = line[1:].strip() if line.startswith("E ") else None
+        if body is not None and (body in said or any(body and body in s for s in said)):
+            continue
+        kept.append(line)
+    text = "\n".join(kept).strip("\n")
+    return text or None
 
 
 def failure_entries(report: dict) -> list[Failure]:
     """The failed and errored cases in report order."""
     fails = [c for c in report["cases"] if c["outcome"] in FAILING]
-    return [
-        Failure(
-            nodeid=c["nodeid"],
-            outcome=c["outcome"],
-            message=(c.get("message") or "-").strip()[:1000],
-            traceback=c.get("longrepr") if i < TRACEBACKS_N else None,
+    args = report["environment"].get("pytest_args") or []
+    entries = []
+    for i, c in enumerate(fails):
+        message = (c.get("message") or "-").strip()
+        t = worst_tensor(c)
+        worst = ""
+        if t is not None:
+            at = worst_at(c, t)
+            worst = (f"worst tensor {t.get('name', '?')}: ratio {fmt_ratio(ratio_of(t))}"
+                     + (f" at {at}" if at else ""))  # fmt: skip
+        entries.append(
+            Failure(
+                nodeid=c["nodeid"],
+                outcome=c["outcome"],
+                message=message[:1000],
+                traceback=None
+                if i >= TRACEBACKS_N
+                else _without_message(c.get("longrepr"), message),
+                reproducer=reproducer(c, args),
+                worst=worst,
+            )
         )
-        for i, c in enumerate(fails)
-    ]
+    return entries
 
 
 def _tail(text: str, lines: int = 30, chars: int = 2000) -> str:
@@ -282,7 +477,11 @@ def render_markdown(
 ) -> str:
     """report.md: environment, summary, tables, the mutation kill matrix if given, failures,
     and the baseline comparison if given."""
-    lines = ["# TE conformance report", "", f"**{summary_line(report)}**", ""]
+    status, text = banner(report)
+    lines = ["# TE conformance report", ""]
+    if verdict_of(report):
+        lines += [f"**{text}**", ""]
+    lines += [f"**{summary_line(report)}**", ""]
     if comparison:
         lines += ["## Comparison with the baseline", "", "```", comparison, "```", ""]
     for t in tables(report) + (mutation_tables(mutation) if mutation else []):
@@ -291,7 +490,10 @@ def render_markdown(
     if fails:
         lines += [f"## Failures ({len(fails)})", ""]
         for f in fails:
-            lines += [f"### `{f.nodeid}` ({f.outcome})", "", "```", f.message, "```"]
+            lines += [f"### `{f.nodeid}` ({f.outcome})", "", "```", f.message, "```", ""]
+            lines.append(f"reproduce: `{f.reproducer}`")
+            if f.worst:
+                lines += ["", f.worst]
             if f.traceback:
                 lines += [
                     "",
@@ -319,17 +521,29 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def heatmap_cells(report: dict) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
+    """({(layout, dtype): worst ratio}, {(layout, dtype): failing cases}). A cell with a failing
+    case is drawn red above the pass line whatever its ratios: a failure without a ratio (a
+    semantics check, an exception) must not leave its cell green or blank."""
+    worst: dict[tuple[str, str], float] = {}
+    failed: Counter = Counter()
+    for c in report["cases"]:
+        k = (field(c, "layout"), field(c, "dtype"))
+        r = worst_ratio(c)
+        if c["outcome"] in FAILING:
+            failed[k] += 1
+            r = math.inf if r is None or r <= 1 else r
+        if r is not None:
+            worst[k] = max(worst.get(k, r), r)
+    return worst, dict(failed)
+
+
 def _heatmap(report: dict):
     import numpy as np
     from matplotlib.colors import ListedColormap, TwoSlopeNorm
     from matplotlib.figure import Figure
 
-    worst: dict[tuple[str, str], float] = {}
-    for c in report["cases"]:
-        r = worst_ratio(c)
-        if r is not None:
-            k = (field(c, "layout"), field(c, "dtype"))
-            worst[k] = max(worst.get(k, r), r)
+    worst, failed = heatmap_cells(report)
     if not worst:
         return None
     layouts = sorted({k[0] for k in worst})
@@ -357,7 +571,7 @@ def _heatmap(report: dict):
     im = ax.imshow(logs, cmap=cmap, norm=TwoSlopeNorm(0.0, lo, hi), aspect="auto")
     ax.set_xticks(range(len(dtypes)), dtypes)
     ax.set_yticks(range(len(layouts)), layouts)
-    ax.set_title("worst ratio by layout x dtype (all impls)")
+    ax.set_title("worst ratio by layout x dtype (all impls); a cell with a failure is red")
     for i in range(len(layouts)):
         for j in range(len(dtypes)):
             v = values[i, j]
@@ -366,10 +580,14 @@ def _heatmap(report: dict):
                 if np.isfinite(logs[i, j]) and (logs[i, j] > 0.3 * hi or logs[i, j] < 0.7 * lo)
                 else "black"
             )
+            n_failed = failed.get((layouts[i], dtypes[j]), 0)
+            label = "-" if np.isnan(v) else fmt_ratio(v) if v != math.inf or not n_failed else ""
+            if n_failed:  # a failing cell says so, whatever its ratios
+                label = f"{label}\n{n_failed} FAILED".strip()
             ax.text(
                 j,
                 i,
-                "-" if np.isnan(v) else fmt_ratio(v),
+                label,
                 ha="center",
                 va="center",
                 fontsize=9,
@@ -464,7 +682,8 @@ table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; } tr:nth-child(even) td { background: #fafafa; }
 .verdict { font-size: 1.2em; font-weight: bold; padding: 0.4em 0.8em; display: inline-block; }
-.PASS { background: #d8f0d8; } .FAIL { background: #f6d0d0; }
+.PASS { background: #d8f0d8; } .FAIL { background: #f6d0d0; color: #7a0000; }
+.NO-BASELINE { background: #fff0c0; }
 .note { color: #666; } .warn { color: #a33; font-weight: bold; }
 pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
 img { max-width: 100%; display: block; margin: 0.5em 0 1.5em 0; }
@@ -485,14 +704,15 @@ def _html_table(t: Table) -> str:
 def render_html(report: dict, comparison: str | None = None, mutation: dict | None = None) -> str:
     """One self-contained HTML page: inline CSS, plots as data: URIs, nothing fetched."""
     e = html.escape
-    failed = any(c["outcome"] in FAILING for c in report["cases"])
-    status = "FAIL" if failed or interrupted(report) else "PASS"
+    status, text = banner(report)
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>TE conformance report</title><style>{CSS}</style></head><body>",
         "<h1>TE conformance report</h1>",
-        f'<p class="verdict {status}">{e(summary_line(report))}</p>',
+        f'<p class="verdict {status.replace(" ", "-")}">{e(text)}</p>',
     ]
+    if verdict_of(report):
+        parts.append(f'<p class="headline">{e(summary_line(report))}</p>')
     if comparison:
         parts.append(f"<h2>Comparison with the baseline</h2><pre>{e(comparison)}</pre>")
     images, notes = plots(report)
@@ -508,6 +728,9 @@ def render_html(report: dict, comparison: str | None = None, mutation: dict | No
         parts.append(f"<h2>Failures ({len(fails)})</h2>")
         for f in fails:
             parts.append(f"<h3>{e(f.nodeid)} ({e(f.outcome)})</h3><pre>{e(f.message)}</pre>")
+            parts.append(f'<p class="repro">reproduce: <code>{e(f.reproducer)}</code></p>')
+            if f.worst:
+                parts.append(f"<p>{e(f.worst)}</p>")
             if f.traceback:
                 parts.append(
                     f"<details><summary>traceback</summary><pre>{e(f.traceback)}</pre></details>"

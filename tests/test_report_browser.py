@@ -1,4 +1,5 @@
-"""report.html in headless Chromium (skipped without it, failed without it under CI=true)."""
+"""report.html in headless Chromium (skipped without it; failed without it under the project's
+own CI, TE_CONFORMANCE_CI=1, set by .ci/run: GitHub's or GitLab's CI=true does not require it)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from reports.browser import (
     Chromium,
     external_references,
     find_chromium,
+    greenish,
     png_tag,
     tag_png,
 )
@@ -28,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+    return os.environ.get("TE_CONFORMANCE_CI", "").strip().lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,9 @@ def browser():
     if find_chromium() is None:
         reason = f"Chromium not found ({INSTALL_HINT})"
         if _in_ci():
-            pytest.fail(f"{reason}; CI must run the browser test (.ci/run installs it)")
+            pytest.fail(
+                f"{reason}; TE_CONFORMANCE_CI=1: CI must run the browser test (.ci/run installs it)"
+            )
         pytest.skip(reason)
     with Chromium() as chromium:
         yield chromium
@@ -197,16 +201,41 @@ def test_readme_screenshot_shows_the_current_h200_report():
     assert tag["summary"] == current, f"docs/report_h200.png is out of date; run: {regenerate}"
 
 
-@pytest.mark.parametrize("ci,outcome", [("", "1 skipped"), ("true", "1 error")])
+@pytest.mark.parametrize(
+    "ci,outcome",
+    [({}, "1 skipped"), ({"CI": "true"}, "1 skipped"), ({"TE_CONFORMANCE_CI": "1"}, "1 error")],
+)
 def test_without_chromium_the_test_skips_but_not_in_ci(ci, outcome):
-    """TE_CHROMIUM naming no executable stands for a machine without Chromium."""
+    """TE_CHROMIUM naming no executable stands for a machine without Chromium. Only the project's
+    CI (TE_CONFORMANCE_CI=1, .ci/run) requires the browser; GitHub's or GitLab's CI=true doesn't."""
     test = f"{Path(__file__).name}::test_report_in_chromium"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
            "-rs", test]  # fmt: skip
-    env = child_env(TE_CHROMIUM="/nonexistent/chromium", CI=ci)
+    env = {k: v for k, v in child_env(TE_CHROMIUM="/nonexistent/chromium").items()
+           if k not in ("CI", "TE_CONFORMANCE_CI")}  # fmt: skip
+    env.update(ci)
     proc = subprocess.run(cmd, cwd=Path(__file__).parent, env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert outcome in proc.stdout, proc.stdout[-3000:]
     assert "Chromium not found (install Debian's chromium: apt-get install -y chromium)" in (
         proc.stdout
     )
+
+
+def test_a_fail_verdict_is_never_shown_green(browser, report_json, tmp_path):
+    """A run whose cases all pass but that regressed against its baseline: the stored verdict is
+    FAIL, and the banner must not be green (a copy styled green is caught)."""
+    report = load_report(report_json)
+    report["cases"] = [c for c in report["cases"] if c["outcome"] not in ("failed", "error")]
+    report["verdict"] = {"status": "FAIL", "passed": False, "exit_code": 1, "overrides": [],
+                         "reasons": ["1 regression(s) against reports/baseline/cpu.json"],
+                         "notes": []}  # fmt: skip
+    _, page = render(report, tmp_path / "fail")
+    result = browser.check(page, width=1280, full_page=False)
+    assert result.problems(expect_failures=False) == []
+    assert result.probe["verdict"]["text"].startswith("Verdict: FAIL — 1 regression(s)")
+    assert not greenish(result.probe["verdictColours"]["background"])
+    green = tmp_path / "green.html"
+    green.write_text(page.read_text().replace("</style>", ".FAIL { background: #d8f0d8 }</style>"))
+    problems = browser.check(green, width=1280, full_page=False).problems(expect_failures=False)
+    assert any("a FAIL verdict is shown green" in p for p in problems), problems

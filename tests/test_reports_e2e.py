@@ -236,8 +236,9 @@ def test_run_gates_on_the_baseline(tmp_path):
     out, base = tmp_path / "out", tmp_path / "base.json"
 
     missing = run_cli(suite, out, "--baseline", str(base))
-    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert missing.returncode == 0, missing.stdout + missing.stderr  # a first run: NO BASELINE
     assert f"no baseline at {base}" in missing.stdout and "--update-baseline" in missing.stdout
+    assert missing.stdout.split("TE conformance verdict")[1].splitlines()[1] == "NO BASELINE"
 
     first = run_cli(suite, out, "--baseline", str(base), "--update-baseline")
     assert first.returncode == 0, first.stdout + first.stderr

@@ -131,7 +131,8 @@ def test_nonfinite_ratios_compare():
     result = compare(
         report(*[c for c in BASE["cases"] if c["nodeid"] != "t.py::test_b"], nan_case), BASE
     )
-    assert names(result, "ratio_regressions") == ["t.py::test_b"]
+    assert names(result, "non_finite") == ["t.py::test_b"]
+    assert names(result, "ratio_regressions") == []
     assert worst_ratio(nan_case) == float("inf")
 
 
@@ -205,14 +206,15 @@ def test_merge_is_lossless_and_rejects_duplicates(tmp_path, capsys):
     assert [s["shard"] for s in merged["environment"]["shards"]] == ["1/2", "2/2"]
 
     with pytest.raises(ReportError, match=r"t\.py::test_b is in both a\.json and c\.json"):
-        merge_reports([("a.json", BASE), ("c.json", report(BASE["cases"][3]))])
+        overlapping = report(*BASE["cases"][:4], shard="1/2")
+        merge_reports([("a.json", overlapping), ("c.json", report(BASE["cases"][3], shard="2/2"))])
 
     pa, pb = write(tmp_path, "a.json", a), write(tmp_path, "b.json", b)
     out = tmp_path / "m.json"
     assert main(["merge", pa, pb, "-o", str(out)]) == 0
     assert load_report(out)["cases"] == BASE["cases"]
     assert main(["merge", pa, pa, "-o", str(out)]) == 2
-    assert "is in both" in capsys.readouterr().err
+    assert "shard 1/2 is given twice" in capsys.readouterr().err
 
 
 def test_a_partial_report_stays_partial(tmp_path, capsys):
@@ -237,7 +239,8 @@ def test_a_partial_report_stays_partial(tmp_path, capsys):
     merged = merge_reports([("a.json", whole), ("b.json", stopped)])
     assert merged["summary"]["interrupted"] == "b.json: SIGTERM"
     assert merged["summary"]["collected"] == 3 + 9
-    assert "interrupted" not in merge_reports([("a.json", whole)])["summary"]
+    rest = report(*BASE["cases"][3:], shard="2/2")
+    assert "interrupted" not in merge_reports([("a.json", whole), ("b.json", rest)])["summary"]
 
     base = write(tmp_path, "base.json", BASE)
     partial = write(tmp_path, "new.json", stopped)
@@ -246,7 +249,11 @@ def test_a_partial_report_stays_partial(tmp_path, capsys):
         capsys.readouterr().out
     )
     assert load_report(base) == BASE
-    assert main(["compare", partial, base, "--update-baseline", "--force"]) == 0
+    assert main(["compare", partial, base, "--update-baseline", "--force"]) == 1  # cases lost
+    capsys.readouterr()
+    args = ["--update-baseline", "--force", "--accept-loss", "a shorter run on purpose"]
+    assert main(["compare", partial, base, *args]) == 0
+    assert load_report(base)["accepted_loss"]["reason"] == "a shorter run on purpose"
 
     bad = write(tmp_path, "bad.json", {**BASE, "summary": {**BASE["summary"], "interrupted": 15}})
     with pytest.raises(ReportError, match="'summary.interrupted' is not a string"):
@@ -382,10 +389,11 @@ def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, mon
     monkeypatch.chdir(cli.Path(__file__).resolve().parents[1])  # the repository: suites/ exists
     out = str(tmp_path / "out")
     args = ["run", "--out", out, "--machine-class", "h200", "--impl", "transformer_engine"]
-    assert main([*args, "-n", "2"]) == 2  # no such baseline: a clear exit 2, not "missing cases"
+    assert main([*args, "-n", "2"]) == 0  # no such baseline: NO BASELINE, not "missing cases"
     text = capsys.readouterr().out
     assert "no baseline at reports/baseline/h200.transformer_engine.json" in text, text
-    assert commands[0][-8:] == ["--impl", "transformer_engine", "-n", "2",
+    assert "\nNO BASELINE\n" in text
+    assert commands[0][-9:] == ["--impl", "transformer_engine", "-n", "2", "--te-default-paths",
                                 "suites/test_attention.py", "suites/test_compile.py",
                                 "suites/test_semantics.py", "suites/test_dropout.py"]  # fmt: skip
     main([*args, "--", "suites/test_attention.py::test_core", "-x"])
@@ -393,3 +401,4 @@ def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, mon
                                 "suites/test_attention.py::test_core", "-x"]  # fmt: skip
     main(["run", "--out", out, "--machine-class", "h200", "--no-compare"])
     assert "--impl" not in commands[2] and "suites/test_compile.py" not in commands[2]
+    assert commands[2][-1] == "suites"

@@ -34,19 +34,20 @@ CASES = {
     ),
     "regressions": (dict(regressions=2), 1, [f"2 regression(s) against {BASE}"]),
     "refused_update": (dict(baseline_refused=True), 1, ["baseline not updated"]),
-    "no_baseline": (dict(no_baseline=True), 2, ["no usable baseline to compare with"]),
+    "no_baseline": (dict(no_baseline=True, passing=4), 0, []),  # a first run: NO BASELINE
+    "unusable_baseline": (dict(unusable_baseline=True), 2, [f"unusable baseline {BASE}"]),
     "no_baseline_and_failing": (
-        dict(failing=1, pytest_exit=1, no_baseline=True), 1,
-        ["1 failing case(s)", "no usable baseline to compare with"],
+        dict(failing=1, pytest_exit=1, no_baseline=True), 1, ["1 failing case(s)"],
     ),
     "no_baseline_and_no_tests": (
-        dict(pytest_exit=5, no_baseline=True), 5,
-        ["pytest exited with code 5", "no usable baseline to compare with"],
+        dict(pytest_exit=5, no_baseline=True), 5, ["pytest exited with code 5"],
     ),
+    "accepted_loss": (dict(overrides=("--accept-loss: 2 case(s) ...: moved",)), 0, []),
     "everything": (
-        dict(failing=1, pytest_exit=1, regressions=4, baseline_refused=True, no_baseline=True), 1,
+        dict(failing=1, pytest_exit=1, regressions=4, baseline_refused=True,
+             unusable_baseline=True), 1,
         ["1 failing case(s)", f"4 regression(s) against {BASE}", "baseline not updated",
-         "no usable baseline to compare with"],
+         f"unusable baseline {BASE}"],
     ),
 }  # fmt: skip
 
@@ -67,3 +68,19 @@ def test_passes_only_with_exit_code_0():
 def test_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         Verdict().failing = 1
+
+
+def test_status_notes_and_what_report_json_stores():
+    first = Verdict(baseline=BASE, no_baseline=True, passing=4, run_kind="full")
+    assert (first.status, first.exit_code) == ("NO BASELINE", 0)
+    assert first.notes == ["no baseline: 4 passed, 0 failed"]
+    assert Verdict(no_baseline=True, failing=2, pytest_exit=1).status == "FAIL"
+    accepted = Verdict(overrides=("--accept-loss: 2 case(s) of lost coverage accepted: moved",))
+    stored = accepted.as_dict()
+    assert stored["status"] == "PASS" and stored["exit_code"] == 0
+    assert stored["overrides"] == ["--accept-loss: 2 case(s) of lost coverage accepted: moved"]
+    assert stored["notes"] == ["overridden: --accept-loss: 2 case(s) of lost coverage accepted: "
+                               "moved"]  # fmt: skip
+    assert Verdict(regressions=1, baseline=BASE).as_dict()["reasons"] == [
+        f"1 regression(s) against {BASE}"
+    ]
