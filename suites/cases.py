@@ -41,7 +41,8 @@ class AttnCase:
     offset_via: str = "arg"  # learnable: "arg" ([h] forward argument) or "param" (module owns it)
     window: tuple[int, int] | None = None
     bottom_right_diagonal: bool | None = None
-    padding_from: str = "cu_seqlens"  # padding types on sbhd/bshd: "cu_seqlens" | "mask"
+    # padding types on sbhd/bshd: "cu_seqlens" | "mask" (right padding) | "mask_left"
+    padding_from: str = "cu_seqlens"
     varlen: str = "random"  # lengths: "random" | "zero_length" | "full" | "trailing"
     kv_cache_extra: int = 0  # thd_2*: kv cache longer than any filled length by this much
     return_max_logit: bool = False
@@ -67,6 +68,8 @@ class AttnCase:
             )
         if info.packing == "kv" and self.d != self.dv:
             return "kv-packed layouts hold k and v in one buffer: dv must equal d (no MLA)"
+        if info.q_format == "thd" and not self.mask_type.startswith("padding"):
+            return "a thd q takes the padding mask types only (SPEC §1; an error case)"
         return None
 
     @property
@@ -130,6 +133,8 @@ SIZES = {
 }
 DEVICE_DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp16")}
 CORE_MASKS = ("no_mask", "causal", "padding_causal", "causal_bottom_right")
+# a thd q takes the padding types only (SPEC §1): its core masks
+CORE_MASKS_THD = ("padding", "padding_causal", "padding_causal_bottom_right")
 
 
 def sized(case: AttnCase, cross: bool = False, gqa: int = 1, mla: bool = False) -> AttnCase:
@@ -145,10 +150,10 @@ def sized(case: AttnCase, cross: bool = False, gqa: int = 1, mla: bool = False) 
 def core_matrix(device: str) -> list[AttnCase]:
     """The 5 contract layouts x 2 dtypes x 4 masks x {MHA, GQA}, in full."""
     cases = []
-    for layout, dtype, mask, gqa in itertools.product(
-        CONTRACT_LAYOUTS, DEVICE_DTYPES[device], CORE_MASKS, (1, 2)
-    ):
-        cases.append(sized(AttnCase(layout, dtype, mask, device=device), gqa=gqa))
+    for layout, dtype, gqa in itertools.product(CONTRACT_LAYOUTS, DEVICE_DTYPES[device], (1, 2)):
+        thd = LAYOUTS[layout].q_format == "thd"
+        for mask in CORE_MASKS_THD if thd else CORE_MASKS:
+            cases.append(sized(AttnCase(layout, dtype, mask, device=device), gqa=gqa))
     return cases
 
 
@@ -218,10 +223,12 @@ def _axis_values(device: str):
             ("learnable", "arg"),
             ("learnable", "param"),
         ],  # fmt: skip
-        "window": [None, (5, 0), (3, 2), (-1, 4), (0, -1)],
+        # windows every mask type takes (SPEC §2.3): (3, 2) and (-1, -1) are coerced, with a
+        # warning, to (3, 0) and (-1, 0) on the causal types
+        "window": [None, (5, 0), (3, 2), (-1, -1), (0, 0)],
         "diagonal": [None, None, True, False],
         "shape": ["mha", "gqa", "mqa", "mla", "cross"],
-        "padding_from": ["cu_seqlens", "mask"],
+        "padding_from": ["cu_seqlens", "mask", "mask_left"],
         "varlen": ["random", "zero_length", "full", "trailing"],
         "max_logit": [False, False, True],
     }
@@ -242,10 +249,6 @@ def _build(device: str, choice: dict) -> AttnCase | None:
         case, cross=shape == "cross", gqa={"gqa": 2, "mqa": 4}.get(shape, 1), mla=shape == "mla"
     )
     info = case.layout_info
-    if case.window is not None and "causal" in case.mask_type and case.window[1] > 0:
-        return None  # a window that conflicts with a causal type is an error case, not a case
-    if info.q_format == "thd" and case.mask_type == "arbitrary":
-        return None
     if info.q_format != info.kv_format and info.q_format == "thd":
         case = replace(case, kv_cache_extra=7, skv=case.sq)  # cache longer than filled lengths
     if case.invalid_reason():
@@ -313,7 +316,7 @@ def varlen_cases(device: str) -> list[AttnCase]:
     for layout, varlen, mask in itertools.product(
         ("thd_thd_thd", "t3hd", "thd_th2d"),
         ("random", "zero_length", "full", "trailing"),
-        ("padding", "padding_causal", "causal_bottom_right"),
+        ("padding", "padding_causal", "padding_causal_bottom_right"),  # thd: padding types only
     ):
         case = AttnCase(layout, DEVICE_DTYPES[device][-1], mask, device=device, varlen=varlen)
         out.append(sized(case))
@@ -423,7 +426,7 @@ def _sequence_lengths(case: AttnCase, rng: torch.Generator) -> tuple[list[int], 
     if info.q_format == "thd" and info.kv_format != "thd":  # kv cache: filled >= query lengths
         lkv = [n + int(torch.randint(0, 4, (1,), generator=rng)) for n in lq]
         lkv = [min(n, _skv_buffer(case)) for n in lkv]
-    elif case.sq == case.skv and (info.packing == "qkv" or case.padding_from == "mask"):
+    elif case.sq == case.skv and (info.packing == "qkv" or case.padding_from != "cu_seqlens"):
         lkv = list(lq)
     else:
         lkv = _lengths(case, case.skv, rng)
@@ -470,8 +473,9 @@ def _call_kwargs(case: AttnCase, lq, lkv, device, rng: torch.Generator) -> dict:
     elif padded and case.padding_from == "cu_seqlens":
         kwargs.update(cu_seqlens_q=_cu(lq, device), cu_seqlens_kv=_cu(lkv, device))
     elif padded:
-        mq = _padding_mask(lq, case.sq, device)
-        mkv = _padding_mask(lkv, skv_buf, device)
+        left = case.padding_from == "mask_left"
+        mq = _padding_mask(lq, case.sq, device, left)
+        mkv = _padding_mask(lkv, skv_buf, device, left)
         kwargs["attention_mask"] = mq if case.sq == skv_buf else (mq, mkv)
     if case.mask_type == "arbitrary":
         shape = (case.b, case.h, case.sq, skv_buf)
@@ -488,12 +492,13 @@ def _call_kwargs(case: AttnCase, lq, lkv, device, rng: torch.Generator) -> dict:
     return kwargs
 
 
-def _padding_mask(lengths: list[int], s: int, device) -> torch.Tensor:
-    """[b, 1, 1, s] bool, True = padding (position >= the sequence's length)."""
+def _padding_mask(lengths: list[int], s: int, device, left: bool = False) -> torch.Tensor:
+    """[b, 1, 1, s] bool, True = padding: the positions past each sequence's length, or (left)
+    the positions before its last `length`."""
     ar = torch.arange(s, device=device)
-    return (ar[None, :] >= torch.tensor(lengths, device=device)[:, None]).view(
-        len(lengths), 1, 1, -1
-    )
+    n = torch.tensor(lengths, device=device)[:, None]
+    pad = ar[None, :] < s - n if left else ar[None, :] >= n
+    return pad.view(len(lengths), 1, 1, -1)
 
 
 def _bias_shape(case: AttnCase) -> tuple[int, ...]:

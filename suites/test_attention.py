@@ -199,6 +199,7 @@ def _bad_arguments(device):
     cu = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
     t = torch.randn(5, 4, 8, device=device)
     base = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
+    thd = dict(qkv_layout="thd_thd_thd", attn_mask_type="padding")  # thd: padding types only
     v = "vanilla"
     return {
         "unknown_layout": ((q, kv, kv), dict(base, qkv_layout="bshd_bshd"), v,
@@ -206,16 +207,21 @@ def _bad_arguments(device):
         "unknown_mask": ((q, kv, kv), dict(base, attn_mask_type="slide"), v,
                          "unknown attn_mask_type"),
         "heads": ((q, kv3, kv3), base, v, r"multiple of key/value heads"),
-        "cu_dtype": ((t, t, t), dict(qkv_layout="thd_thd_thd", cu_seqlens_q=cu.long(),
-                     cu_seqlens_kv=cu, max_seqlen_q=3, max_seqlen_kv=3), v, "int32"),
-        "cu_shape": ((t, t, t), dict(qkv_layout="thd_thd_thd", cu_seqlens_q=cu[None],
-                     cu_seqlens_kv=cu, max_seqlen_q=3, max_seqlen_kv=3), v, r"\[b \+ 1\]"),
-        "thd_max_seqlen": ((t, t, t), dict(qkv_layout="thd_thd_thd", cu_seqlens_q=cu,
-                           cu_seqlens_kv=cu), v, "max_seqlen_q is required"),
+        "cu_dtype": ((t, t, t), dict(thd, cu_seqlens_q=cu.long(), cu_seqlens_kv=cu,
+                     max_seqlen_q=3, max_seqlen_kv=3), v, "int32"),
+        "cu_shape": ((t, t, t), dict(thd, cu_seqlens_q=cu[None], cu_seqlens_kv=cu,
+                     max_seqlen_q=3, max_seqlen_kv=3), v, r"\[b \+ 1\]"),
+        "thd_max_seqlen": ((t, t, t), dict(thd, cu_seqlens_q=cu, cu_seqlens_kv=cu), v,
+                           "max_seqlen_q is required"),
+        "thd_causal": ((t, t, t), dict(thd, attn_mask_type="causal", cu_seqlens_q=cu,
+                       cu_seqlens_kv=cu, max_seqlen_q=3, max_seqlen_kv=3), v,
+                       "a thd q takes padding, padding_causal or padding_causal_bottom_right"),
         "bias_missing": ((q, kv, kv), dict(base, core_attention_bias_type="post_scale_bias"), v,
                          "needs core_attention_bias"),
-        "window_conflict": ((q, kv, kv), dict(base, attn_mask_type="causal", window_size=(2, 3)),
+        "window_conflict": ((q, kv, kv), dict(base, attn_mask_type="causal", window_size=(-1, 3)),
                             v, "conflicts with attn_mask_type"),
+        "window_one_side": ((q, kv, kv), dict(base, window_size=(2, -1)), v,
+                            "is not valid for attn_mask_type='no_mask'"),
         "padding_no_lengths": ((q, kv, kv), dict(base, attn_mask_type="padding"), v,
                                "needs the sequence lengths"),
         "bias_shape": ((q, kv, kv), dict(base, core_attention_bias_type="pre_scale_bias",

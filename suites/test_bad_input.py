@@ -386,11 +386,20 @@ def _module_problems(device):
                          True),
         "window_not_pair": ({}, qkv, dict(base, window_size=3), V,
                             "window_size must be a pair of ints, got 3", True),
+        # window_size as TE 2.20.2's check_set_window_size takes it (utils.py:2992-3034)
         "window_negative": ({}, qkv, dict(base, window_size=(-2, 0)), V,
-                            r"window_size entries must be >= 0 or -1 \(unbounded\)", True),
-        "window_conflict": ({}, qkv, dict(base, attn_mask_type="causal", window_size=(2, 3)), V,
-                            r"window_size=\(2, 3\) conflicts with attn_mask_type='causal'",
+                            r"window_size=\(-2, 0\) is not valid for attn_mask_type='no_mask': "
+                            r"use \(-1, -1\) or \(>=0, >=0\)", True),
+        "window_one_side": ({}, qkv, dict(base, window_size=(0, -1)), V,
+                            r"window_size=\(0, -1\) is not valid for attn_mask_type='no_mask'",
                             True),
+        "window_conflict": ({}, qkv, dict(base, attn_mask_type="causal", window_size=(-1, 3)), V,
+                            r"window_size=\(-1, 3\) conflicts with attn_mask_type='causal': "
+                            r"causal types take \(-1, 0\) or \(>=0, 0\)", True),
+        # thd takes the padding types only (TE 2.20.2 dot_product_attention.py:2449-2452)
+        "thd_causal": ({}, (t, t2, t2), dict(thd, attn_mask_type="causal"), V,
+                       "attn_mask_type='causal' is not valid for qkv_layout 'thd_thd_thd': a thd "
+                       "q takes padding, padding_causal or padding_causal_bottom_right", True),
         # FP8 (te_fast's own)
         "fp8_output_without_fp8": ({}, qkv, dict(base, fp8_output=True, fp8_meta=fp8), V,
                                    "fp8_output=True needs fp8=True", False),

@@ -72,14 +72,18 @@ def _cases() -> list[tuple[str, AttnCase]]:
     out = []
     for layout in CONTRACT_LAYOUTS:
         for dtype in ("bf16", "fp16"):
-            for mask in ("causal", "padding_causal", "no_mask"):
+            thd = LAYOUTS[layout].q_format == "thd"  # a thd q takes the padding types only
+            for mask in (
+                ("padding_causal", "padding") if thd else ("causal", "padding_causal", "no_mask")
+            ):
                 out.append(("cudagraph", sized(AttnCase(layout, dtype, mask))))
         out.append(("cudagraphs_backend", sized(AttnCase(layout, "bf16", "padding_causal"))))
     out += [("cudagraph", case) for case in _extras("cuda")]
     for layout in CONTRACT_LAYOUTS:
         out.append(("inductor", sized(AttnCase(layout, "fp32", "padding_causal", device="cpu"))))
     for layout in sorted(LAYOUTS):
-        for mask in ("causal", "padding_causal_bottom_right"):
+        thd = LAYOUTS[layout].q_format == "thd"
+        for mask in ("padding_causal" if thd else "causal", "padding_causal_bottom_right"):
             extra = 5 if LAYOUTS[layout].q_format == "thd" != LAYOUTS[layout].kv_format else 0
             case = AttnCase(layout, "fp32", mask, device="cpu", kv_cache_extra=extra)
             out.append(("aot_eager", sized(case)))
@@ -118,10 +122,14 @@ def _uses_cudagraphs(variant: str) -> bool:
 
 
 def _require_capture(adapter, variant: str, case: AttnCase, impl: str) -> None:
-    """Skip a CUDA-graph variant, with the adapter's reason, unless the adapter is capturable."""
+    """Skip a CUDA-graph variant, with the adapter's reason, unless the adapter is capturable;
+    any variant unless it is traceable."""
     if _uses_cudagraphs(variant):
         record.case(impl=impl, **case.fields())
         require(adapter, "capturable")
+    elif adapter.lacks("traceable"):
+        record.case(impl=impl, **case.fields())
+        require(adapter, "traceable")
 
 
 def test_compiled(adapter, variant, case):

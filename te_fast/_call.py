@@ -11,6 +11,7 @@ hot path and inside torch.compile graphs, hence:
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -40,7 +41,8 @@ BIAS_TYPES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 _PADDING = ("padding", "padding_causal", "padding_causal_bottom_right")
 _CAUSAL = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
-_TOP_LEFT = ("causal", "padding_causal")  # every other type aligns bottom-right by default
+_TOP_LEFT = ("causal", "padding_causal")  # always top-left (TE forces it)
+_BOTTOM_RIGHT = ("causal_bottom_right", "padding_causal_bottom_right")  # always bottom-right
 
 
 class Call(NamedTuple):
@@ -136,7 +138,13 @@ def resolve(
 
     # ---- sequence lengths: "cu_seqlens", "mask" or None (every position is real)
     lengths_from = None
-    if q_format == "thd":  # thd always respects sequence boundaries
+    if q_format == "thd":  # thd always respects sequence boundaries, and takes padding types only
+        if attn_mask_type not in _PADDING:
+            raise _err(
+                f"attn_mask_type={attn_mask_type!r} is not valid for qkv_layout "
+                f"{qkv_layout!r}: a thd q takes padding, padding_causal or "
+                "padding_causal_bottom_right"
+            )
         bq, sq, bk, skv = _ragged(
             qkv_layout, kv_format, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, bk, skv
         )
@@ -175,8 +183,10 @@ def resolve(
         window = (-1, 0) if causal else (-1, -1)
     else:
         window = _window(attn_mask_type, causal, window_size)
-    if bottom_right_diagonal is None:
-        bottom_right = attn_mask_type not in _TOP_LEFT
+    if attn_mask_type in _TOP_LEFT:  # the type decides where it names an alignment
+        bottom_right = False
+    elif attn_mask_type in _BOTTOM_RIGHT or bottom_right_diagonal is None:
+        bottom_right = True
     else:
         bottom_right = bool(bottom_right_diagonal)
 
@@ -342,18 +352,36 @@ def _check_offset(softmax_type, offset, h):
 
 
 def _window(mask_type, causal, window_size):
-    """(left, right) of a given window_size; causal types force right = 0."""
+    """(left, right) of a given window_size, normalised as TE's check_set_window_size does
+    (SPEC §2.3): a causal type takes (-1, 0) or (>= 0, 0) and turns (-1, -1) or (>= 0, any)
+    into (left, 0) with a warning; the other types take (-1, -1) or (>= 0, >= 0) and turn
+    (-1, 0) into (-1, -1) with a warning. Anything else is an error."""
     try:
         left, right = (int(w) for w in window_size)
     except (TypeError, ValueError):
         raise _err(f"window_size must be a pair of ints, got {window_size!r}") from None
-    if left < -1 or right < -1:
-        raise _err(f"window_size entries must be >= 0 or -1 (unbounded), got {window_size!r}")
     if causal:
-        if right > 0:
-            raise _err(
-                f"window_size={window_size!r} conflicts with attn_mask_type={mask_type!r}: "
-                "causal types allow no right context (use (left, 0) or (left, -1))"
+        if right == 0 and left >= -1:
+            return left, 0
+        if left >= 0 or (left == -1 and right == -1):
+            warnings.warn(
+                f"window_size should be (-1, 0) or (>=0, 0) for attn_mask_type={mask_type}",
+                stacklevel=3,
             )
-        right = 0
-    return left, right
+            return left, 0
+        raise _err(
+            f"window_size={window_size!r} conflicts with attn_mask_type={mask_type!r}: "
+            "causal types take (-1, 0) or (>=0, 0)"
+        )
+    if left >= 0 and right >= 0 or left == right == -1:
+        return left, right
+    if left == -1 and right == 0:
+        warnings.warn(
+            f"window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type={mask_type}",
+            stacklevel=3,
+        )
+        return -1, -1
+    raise _err(
+        f"window_size={window_size!r} is not valid for attn_mask_type={mask_type!r}: "
+        "use (-1, -1) or (>=0, >=0)"
+    )

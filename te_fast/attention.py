@@ -9,6 +9,7 @@ import torch
 
 from te_fast import _eager, ops
 from te_fast import fp8 as fp8_lib
+from te_fast._call import _PADDING as _PADDING_TYPES
 from te_fast._call import SOFTMAX_TYPES, Call, resolve
 
 __all__ = ["UnfusedDotProductAttention"]
@@ -315,7 +316,13 @@ class UnfusedDotProductAttention(torch.nn.Module):
     def _mask(self, call, device):
         """Bool (b|1, h|1, sq, skv), True = masked out; None when nothing can be masked."""
         masked = None
-        if call.lengths_q is not None:
+        padding_mask = call.attention_mask if call.attn_mask_type in _PADDING_TYPES else None
+        if padding_mask is not None:  # exactly the positions it marks, left padding too
+            pad_q, pad_kv = (
+                padding_mask if isinstance(padding_mask, (tuple, list)) else (padding_mask,) * 2
+            )  # (b, 1, 1, sq), (b, 1, 1, skv)
+            masked = pad_q.view(call.b, 1, call.sq, 1) | pad_kv.view(call.b, 1, 1, call.skv)
+        elif call.lengths_q is not None:
             i = torch.arange(call.sq, device=device).view(1, 1, call.sq, 1)
             j = torch.arange(call.skv, device=device).view(1, 1, 1, call.skv)
             masked = (i >= call.lengths_q.view(-1, 1, 1, 1)) | (

@@ -29,24 +29,43 @@ def _to_bshd(t, fmt, cu_seqlens, b, s):
 def build_mask(call: AttentionCall, device) -> torch.Tensor:
     """Bool mask (b, h|1, sq, skv), True = masked out, built one batch element at a time.
 
-    Inside element x only the first lq[x] query rows and lkv[x] key columns are real; among them
-    the band of the causal type / window is kept: tril keeps j <= i + k, triu keeps j >= i + k.
+    Padding masks exactly the positions marked (an attention_mask of any pattern, left padding
+    too; from cu_seqlens, the positions past each length). The causal band / window is laid
+    over the padded [sq, skv] grid, its diagonal offset by kv_len - q_len (the element's counts
+    of real positions) when bottom-right: tril keeps j <= i + k, triu keeps j >= i + k.
+    (TE 2.20.2: utils.py get_full_mask, 1977-2126.)
     """
     left, right = call.window
     keep = torch.zeros(call.b, 1, call.sq, call.skv, dtype=torch.bool, device=device)
+    real_q, real_kv = _real_positions(call, device)  # (b, sq), (b, skv)
     for x in range(call.b):
         q_len, kv_len = _lengths_of(call, x)
         diagonal = kv_len - q_len if call.bottom_right else 0
-        band = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)  # (lq, lkv)
+        band = torch.ones(call.sq, call.skv, dtype=torch.bool, device=device)  # (sq, skv)
         if right >= 0:
             band = band.tril(diagonal=diagonal + right)
         if left >= 0:
             band = band.triu(diagonal=diagonal - left)
-        keep[x, 0, :q_len, :kv_len] = band
+        keep[x, 0] = band & real_q[x].view(-1, 1) & real_kv[x].view(1, -1)
     masked = ~keep  # (b, 1, sq, skv)
     if call.attn_mask_type == "arbitrary":
         masked = masked | call.attention_mask  # (b, h|1, sq, skv)
     return masked
+
+
+def _real_positions(call: AttentionCall, device):
+    """(b, sq) and (b, skv) bool, True = a real (unpadded) position."""
+    if isinstance(call.attention_mask, torch.Tensor) and call.attn_mask_type.startswith("padding"):
+        m = call.attention_mask.to(device)
+        return ~m[:, 0, 0, :], ~m[:, 0, 0, :]
+    if isinstance(call.attention_mask, (tuple, list)):
+        mq, mkv = (m.to(device) for m in call.attention_mask)
+        return ~mq[:, 0, 0, :], ~mkv[:, 0, 0, :]
+    i = torch.arange(call.sq, device=device).view(1, -1)
+    j = torch.arange(call.skv, device=device).view(1, -1)
+    lq = call.lengths_q.to(device).view(-1, 1) if call.lengths_q is not None else call.sq
+    lkv = call.lengths_kv.to(device).view(-1, 1) if call.lengths_kv is not None else call.skv
+    return (i < lq).expand(call.b, -1), (j < lkv).expand(call.b, -1)
 
 
 def alibi_bias(call: AttentionCall, device) -> torch.Tensor:

@@ -8,6 +8,7 @@ No tensor math happens here beyond the per-batch lengths.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -223,6 +224,13 @@ def _lengths_source(layout, mask_type, attention_mask, cu_seqlens_q, cu_seqlens_
     """Where the per-batch lengths come from: "cu_seqlens", "mask", or None (all positions are
     real). thd always has them (it respects sequence boundaries whatever the mask type)."""
     thd = layout.q_format == "thd"
+    if thd and not mask_type.startswith("padding"):
+        # TE: "Attention mask type must be padding or padding_causal for qkv_format=thd!"
+        # (dot_product_attention.py:2449-2452)
+        raise _err(
+            f"attn_mask_type={mask_type!r} is not valid for qkv_layout {layout.name!r}: a thd q "
+            "takes padding, padding_causal or padding_causal_bottom_right"
+        )
     if mask_type == "arbitrary":
         _check_arbitrary_mask(attention_mask, b, h, sq, skv)
         return "cu_seqlens" if thd else None
@@ -340,8 +348,15 @@ def _check_softmax_offset(softmax_type, offset, h):
 
 
 def _window(mask_type: str, window_size) -> tuple[int, int]:
-    """(left, right), -1 = unbounded. None means no window, or (-1, 0) for causal types; causal
-    types accept (left, 0) and (left, -1), both meaning (left, 0)."""
+    """(left, right), -1 = unbounded, as TE 2.20.2's check_set_window_size reads it
+    (attention/dot_product_attention/utils.py:2992-3034), warnings included:
+
+    causal types: None -> (-1, 0); (-1, 0) and (>= 0, 0) as they are; (-1, -1) or
+    (>= 0, != 0) -> (left, 0) with a warning; anything else is an error.
+    no_mask, padding, arbitrary: None -> (-1, -1); (-1, -1) and (>= 0, >= 0) as they are;
+    (-1, 0) -> (-1, -1) with a warning (no window, not a causal band); anything else (one
+    unbounded side) is an error.
+    """
     causal = mask_type in CAUSAL_TYPES
     if window_size is None:
         return (-1, 0) if causal else (-1, -1)
@@ -349,24 +364,43 @@ def _window(mask_type: str, window_size) -> tuple[int, int]:
         left, right = (int(w) for w in window_size)
     except (TypeError, ValueError):
         raise _err(f"window_size must be a pair of ints, got {window_size!r}") from None
-    if left < -1 or right < -1:
-        raise _err(f"window_size entries must be >= 0 or -1 (unbounded), got {window_size!r}")
     if causal:
-        if right > 0:
-            raise _err(
-                f"window_size={window_size!r} conflicts with attn_mask_type={mask_type!r}: "
-                "causal types allow no right context (use (left, 0) or (left, -1))"
+        if (left, right) == (-1, 0) or (left >= 0 and right == 0):
+            return left, right
+        if (left, right) == (-1, -1) or left >= 0:  # any right side, as TE (utils.py:3009-3011)
+            warnings.warn(
+                f"window_size should be (-1, 0) or (>=0, 0) for attn_mask_type={mask_type}",
+                stacklevel=4,
             )
-        right = 0
-    return left, right
+            return left, 0
+        raise _err(
+            f"window_size={window_size!r} conflicts with attn_mask_type={mask_type!r}: "
+            "causal types take (-1, 0) or (>=0, 0)"
+        )
+    if (left, right) == (-1, -1) or (left >= 0 and right >= 0):
+        return left, right
+    if (left, right) == (-1, 0):
+        warnings.warn(
+            f"window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type={mask_type}",
+            stacklevel=4,
+        )
+        return -1, -1
+    raise _err(
+        f"window_size={window_size!r} is not valid for attn_mask_type={mask_type!r}: "
+        "use (-1, -1) or (>=0, >=0)"
+    )
 
 
 def _bottom_right(mask_type: str, bottom_right_diagonal) -> bool:
-    """The alignment of the causal band, window and alibi: the caller's choice, else
-    bottom-right for every type but causal and padding_causal."""
-    if bottom_right_diagonal is not None:
-        return bool(bottom_right_diagonal)
-    return mask_type not in TOP_LEFT_TYPES
+    """The alignment of the causal band, window and alibi, as TE 2.20.2's
+    DotProductAttention.forward resolves it (dot_product_attention.py:2398-2406): forced to
+    False for causal/padding_causal and to True for the *_bottom_right types; for the other
+    types the argument decides, None meaning True."""
+    if mask_type in TOP_LEFT_TYPES:
+        return False
+    if mask_type in ("causal_bottom_right", "padding_causal_bottom_right"):
+        return True
+    return True if bottom_right_diagonal is None else bool(bottom_right_diagonal)
 
 
 def _lengths(source, cu_seqlens_q, cu_seqlens_kv, attention_mask):

@@ -19,6 +19,7 @@ CAPABILITIES = {
     "dropout_ctx": "attention_dropout_ctx: dropout runs inside the context it gives (an RNG "
     "tracker's fork), SPEC §4",
     "validates_arguments": "TE's argument checks, a ValueError naming the problem",
+    "traceable": "torch.compile(fullgraph=True) traces the module (the CPU compile variants)",
     "capturable": "CUDA-graph capture: torch.compile mode='reduce-overhead', cudagraphs backend",
     "sync_free": "no host synchronisation in the non-FP8 forward and backward, SPEC §3",
 }
@@ -40,6 +41,10 @@ class Adapter:
     dropout = False
     dropout_ctx = False
     validates_arguments = False
+    # The exception types the implementation raises for arguments it refuses (TE asserts:
+    # AssertionError); a case that must be refused expects one of these.
+    argument_errors: tuple[type[Exception], ...] = (ValueError,)
+    traceable = True
     capturable = False
     sync_free = False
     why_not: dict[str, str] = {}  # capability -> why this adapter lacks it (the skip reason)
@@ -80,6 +85,19 @@ class Adapter:
     def unavailable_reason(self, device: str) -> str | None:
         """Why the adapter cannot run on this machine right now (checked at run time)."""
         return None
+
+    def known_deviations(
+        self, case: AttnCase, lengths=None, expected=None, call_kwargs=None
+    ) -> tuple:
+        """The recorded departures of this implementation from the standard (SPEC §7: for
+        Transformer Engine, its "TE deviations", suites/te_deviations.py) that make this case's
+        result differ: ``lengths`` is ([lq per batch element], [lkv per batch element]) where
+        padding applies, ``expected`` the documented probability grids ([batch][head] -> rows of
+        '1' kept / '.' masked) where the suite has them, ``call_kwargs`` the call's forward
+        keyword arguments (attention_mask, cu_seqlens) where the suite has them. A suite runs a
+        case with deviations as a strict expected failure: it must differ, so that a fixed
+        deviation is noticed; ``str(deviation)`` is the xfail reason."""
+        return ()
 
     def build(
         self, case: AttnCase, scale: float | None, dropout: float = 0.0, dropout_ctx=None

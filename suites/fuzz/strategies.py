@@ -196,7 +196,7 @@ def module_examples(draw, family: str, device: str):
         bias_type=bias_type, bias_shape=bias_shape, alibi_slopes=slopes,
         softmax_type=softmax_type, offset_via=offset_via, window=window,
         bottom_right_diagonal=draw(st.sampled_from((None, True, False))),
-        padding_from=draw(st.sampled_from(("cu_seqlens", "mask"))),
+        padding_from=draw(st.sampled_from(("cu_seqlens", "mask", "mask_left"))),
         varlen=draw(st.sampled_from(("random", "zero_length", "full", "trailing"))),
         kv_cache_extra=draw(st.integers(0, 3)) if thd_cache else 0,
         return_max_logit=draw(st.booleans()),
