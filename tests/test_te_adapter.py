@@ -1,5 +1,8 @@
-"""--impl transformer_engine: the exact arguments TE's DotProductAttention receives, checked on
-the CPU against a recording stand-in (tests/te_fixtures/fake_te), and the skips without TE."""
+"""--impl transformer_engine: the CPU stand-in (suites/adapters/te_cpu.py), the deviation
+registry (suites/te_deviations.py) and the argument mapping, on the CPU without TE; with TE
+2.20.2 installed (requirements-te.txt, .ci/te.sh), TE itself through the stand-in: its results
+agree with te_ref where no deviation is recorded, every reproducer still shows its deviation,
+and D4 (the ALiBi cache) shows on two calls of one module. Without TE those skip, saying so."""
 
 from __future__ import annotations
 
@@ -12,78 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import te_fast.fp8
+import te_ref
 from reports.model import load_report
-from suites.adapters import ADAPTERS
+from suites import te_deviations
+from suites.adapters import ADAPTERS, te_cpu
 from suites.adapters import transformer_engine as te_adapter
 from suites.cases import AttnCase, make_inputs, sized
+from suites.checks.attention import judge_against_reference, known_deviations, run_impl
+from te_ref.ops import convert_bshd_to_thd, convert_thd_to_bshd
 
 ROOT = Path(__file__).resolve().parents[1]
-FAKE_TE = ROOT / "tests" / "te_fixtures" / "fake_te"
 NO_TE = ROOT / "tests" / "te_fixtures" / "no_te"
 ADAPTER = ADAPTERS["transformer_engine"]
-SCALE = 0.25  # d = 16 on the CPU sizes
-
-
-def _forget_te() -> None:
-    for name in [m for m in sys.modules if m.split(".")[0] == "transformer_engine"]:
-        del sys.modules[name]
-
-
-@pytest.fixture
-def te(monkeypatch):
-    """The stand-in as transformer_engine.pytorch, loaded by the adapter from a clean slate (no
-    TE module imported, no NVTE_* variable set: the adapter must set them itself)."""
-    for key in te_adapter.TE_ENV:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.syspath_prepend(str(FAKE_TE))
-    monkeypatch.setattr(te_adapter, "_loaded", None)
-    _forget_te()
-    module, missing = te_adapter.load()
-    assert missing is None, missing
-    yield module
-    _forget_te()
-
-
-def run(te, case: AttnCase, dropout: float = 0.0, **extra):
-    """Build and call the adapter on the case's real inputs: (init kwargs, forward record, the
-    kwargs of our call, the adapter's result, the module)."""
-    inputs = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(0))
-    q, k, v, tensors = inputs.views(inputs.leaves, case)
-    kwargs = {**inputs.kwargs, **tensors, **extra}
-    te.CALLS.clear()
-    module = ADAPTER.build(case, SCALE, dropout)
-    result = ADAPTER.call(module, case, q, k, v, kwargs)
-    inits = [c["init"] for c in te.CALLS if "init" in c]
-    forwards = [c for c in te.CALLS if "forward" in c]
-    assert len(inits) == len(forwards) == 1, te.CALLS
-    assert all(a is b for a, b in zip(forwards[0]["qkv"], (q, k, v))), "q/k/v must pass as is"
-    return inits[0], forwards[0], kwargs, result, module
-
-
-def same(got: dict, expected: dict) -> None:
-    """Equal keyword arguments; tensors (and tuples of them) must be the very objects."""
-    assert sorted(got) == sorted(expected), (sorted(got), sorted(expected))
-    for key, want in expected.items():
-        have = got[key]
-        if isinstance(want, torch.Tensor) or (
-            isinstance(want, tuple) and want and isinstance(want[0], torch.Tensor)
-        ):
-            pairs = zip(have, want) if isinstance(want, tuple) else [(have, want)]
-            assert isinstance(have, type(want)) and all(a is b for a, b in pairs), key
-        else:
-            assert have == want and type(have) is type(want), (key, have, want)
-
-
-def init(**overrides) -> dict:
-    """The constructor arguments of a plain CPU-sized case, with overrides."""
-    base = dict(
-        num_attention_heads=4, kv_channels=16, num_gqa_groups=4, attention_dropout=0.0,
-        qkv_format="bshd", attn_mask_type="causal", window_size=None, attention_type="self",
-        softmax_scale=SCALE, bottom_right_diagonal=None, softmax_type="vanilla",
-        return_max_logit=False,
-    )  # fmt: skip
-    return base | overrides
 
 
 def cpu_case(layout, dtype, mask, **kw) -> AttnCase:
@@ -91,312 +34,267 @@ def cpu_case(layout, dtype, mask, **kw) -> AttnCase:
     return sized(AttnCase(layout, dtype, mask, device="cpu", **kw), gqa=gqa, cross=cross)
 
 
-# ----------------------------------------------------------------------------- loading
+def _te_or_skip():
+    te, missing = te_adapter.load()
+    if missing:
+        pytest.skip(f"needs TE 2.20.2 (requirements-te.txt): {missing}")
+    if not te_adapter.stand_in():
+        pytest.skip("the native TE is installed: these tests are for the CPU stand-in")
+    return te
 
 
-def test_unfused_backend_is_forced_before_te_is_imported(te):
-    assert te.ENV_AT_IMPORT == te_adapter.TE_ENV == {
-        "NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "1",
-        "NVTE_UnfusedDPA_Emulate_FP8": "1",
-    }  # fmt: skip
+# ----------------------------------------------------------------------------- the stand-in
 
 
-def test_te_imported_earlier_without_the_variables_is_refused(monkeypatch):
-    for key in te_adapter.TE_ENV:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.syspath_prepend(str(FAKE_TE))
-    monkeypatch.setattr(te_adapter, "_loaded", None)
-    _forget_te()
-    try:
-        import transformer_engine.pytorch  # noqa: F401  (someone imported TE first)
-
-        te, missing = te_adapter.load()
-        assert te is None and missing.startswith(
-            "transformer_engine was imported before this adapter could force its unfused backend"
-        ), missing
-    finally:
-        _forget_te()
+def test_stand_in_module_provides_enums_and_conversions_only():
+    tex = te_cpu.make_tex()
+    assert te_cpu.is_stand_in(tex) and not te_cpu.is_stand_in(torch)
+    assert tex.NVTE_Mask_Type.NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK == 5  # fused_attn.h
+    assert tex.DType.kBFloat16 == 6 and tex.NVTE_QKV_Layout.NVTE_QKV_Layout_NOT_SET == 26
+    assert tex.get_cudnn_version() == 91200
+    gemm = tex.generic_gemm  # a native name: a placeholder, recorded as read
+    assert tex.placeholders_read == ["generic_gemm"]
+    with pytest.raises(NotImplementedError, match=r"transformer_engine_torch\.generic_gemm is "):
+        gemm(1, 2)
+    with pytest.raises(NotImplementedError, match=r"CommOverlap\.copy_into_buffer"):
+        tex.CommOverlap.copy_into_buffer()
 
 
-def test_a_call_that_did_not_run_the_unfused_backend_is_an_error(te, monkeypatch):
-    monkeypatch.setenv("NVTE_FUSED_ATTN", "1")  # the stand-in now reports FusedAttention
-    with pytest.raises(RuntimeError, match=r"ran \['use_fused_attention'\], not Unfused"):
-        run(te, cpu_case("bshd_bshd_bshd", "bf16", "causal"))
+def test_stand_in_conversions_equal_te_refs():
+    """convert_thd_to_bshd / convert_bshd_to_thd of the stand-in (TE's C++ wrappers, re-done in
+    torch) against te_ref's own versions, with a zero-length sequence and trailing tokens."""
+    cu = torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+    thd = torch.randn(9, 2, 5)  # 2 tokens past cu[-1]
+    bshd = te_cpu.convert_thd_to_bshd(thd, cu, 3, 4)
+    assert torch.equal(bshd, convert_thd_to_bshd(thd, cu, 3, 4, compute_dtype=thd.dtype))
+    back = te_cpu.convert_bshd_to_thd(bshd, cu, 9)
+    assert torch.equal(back, convert_bshd_to_thd(bshd, cu, 9, compute_dtype=thd.dtype))
+    assert torch.equal(back[:7], thd[:7]) and not back[7:].any()
+
+
+def test_cpu_redirect_only_while_inside():
+    before = (torch.cuda.is_available, torch.cuda.current_device, torch.cuda.get_device_properties)
+    with te_cpu.cpu_redirect():
+        assert torch.cuda.is_available() and torch.cuda.current_device() == 0
+        assert torch.cuda.get_device_properties(0).major == 9
+        t = torch.zeros(3, device="cuda")
+        assert t.device.type == "cpu" and t.is_cuda
+        assert torch.arange(2, device=torch.cuda.current_device()).device.type == "cpu"
+        assert t.to(device="cuda").device.type == "cpu" and t.to("cuda").device.type == "cpu"
+    assert not torch.zeros(1).is_cuda
+    after = (torch.cuda.is_available, torch.cuda.current_device, torch.cuda.get_device_properties)
+    assert after == before
+    with pytest.raises(RuntimeError, match="inside"), te_cpu.cpu_redirect():
+        raise RuntimeError("inside")
+    assert torch.cuda.is_available is before[0]
+
+
+def test_stand_in_loader_puts_the_module_in_place(monkeypatch):
+    monkeypatch.delitem(sys.modules, "transformer_engine_torch", raising=False)
+    te_cpu._stand_in_loader("torch")
+    assert te_cpu.is_stand_in(sys.modules["transformer_engine_torch"])
+    with pytest.raises(FileNotFoundError, match="jax"):
+        te_cpu._stand_in_loader("jax")
 
 
 # ----------------------------------------------------------------------------- the mapping
 
 
-@pytest.mark.parametrize("layout", ["bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bs3hd", "sbh3d"])
-def test_padded_formats_and_packing(te, layout):
-    case = cpu_case(layout, "bf16", "causal")
-    got_init, fwd, _, (out, max_logit, stand_in), _ = run(te, case)
-    fmt = case.layout_info.q_format
-    same(got_init, init(qkv_format=fmt))
-    same(fwd["forward"], {"qkv_format": fmt, "attn_mask_type": "causal"})
-    assert fwd["fp8_recipe"] is None and max_logit is None and stand_in == {}
-    assert out.shape == ((13, 2, 64) if fmt == "sbhd" else (2, 13, 64))
-
-
-@pytest.mark.parametrize(
-    "mask,te_mask",
-    [
-        ("no_mask", "padding"),
-        ("causal", "padding_causal"),
-        ("causal_bottom_right", "padding_causal_bottom_right"),
-        ("padding", "padding"),
-        ("padding_causal", "padding_causal"),
-        ("padding_causal_bottom_right", "padding_causal_bottom_right"),
-    ],
-)
-def test_thd_takes_the_padding_form_of_every_mask_type(te, mask, te_mask):
-    case = cpu_case("thd_thd_thd", "bf16", mask, gqa=2)
-    got_init, fwd, kw, (out, _, _), _ = run(te, case)
-    same(got_init, init(qkv_format="thd", attn_mask_type=te_mask, num_gqa_groups=2))
-    same(fwd["forward"], {
-        "qkv_format": "thd", "attn_mask_type": te_mask, "cu_seqlens_q": kw["cu_seqlens_q"],
-        "cu_seqlens_kv": kw["cu_seqlens_kv"], "max_seqlen_q": 13, "max_seqlen_kv": 13,
-    })  # fmt: skip
-    assert out.shape == (fwd["qkv"][0].shape[0], 64)  # [t, h * dv]
-
-
-def test_padding_from_cu_seqlens_on_bshd(te):
-    case = cpu_case("bshd_bs2hd", "fp32", "padding_causal")
-    got_init, fwd, kw, _, _ = run(te, case)
-    same(got_init, init(attn_mask_type="padding_causal"))
-    same(fwd["forward"], {
-        "qkv_format": "bshd", "attn_mask_type": "padding_causal",
-        "cu_seqlens_q": kw["cu_seqlens_q"], "cu_seqlens_kv": kw["cu_seqlens_kv"],
-    })  # fmt: skip
-
-
-def test_padding_masks_pass_as_they_are_for_cross_attention(te):
-    """attention_mask: True = masked out in TE and in the SPEC, so the very tensors go through."""
-    case = cpu_case("sbhd_sbhd_sbhd", "bf16", "padding", cross=True, padding_from="mask")
-    got_init, fwd, kw, _, _ = run(te, case)
-    mq, mkv = kw["attention_mask"]
-    assert mq.dtype == torch.bool and mq[:, 0, 0].any() and not mq[:, 0, 0].all()
-    same(got_init, init(qkv_format="sbhd", attn_mask_type="padding", attention_type="cross"))
-    same(fwd["forward"], {"qkv_format": "sbhd", "attn_mask_type": "padding",
-                          "attention_mask": (mq, mkv)})  # fmt: skip
-
-
-def test_arbitrary_mask_is_not_inverted(te):
-    case = cpu_case("bshd_bshd_bshd", "fp32", "arbitrary")
-    got_init, fwd, kw, _, _ = run(te, case)
-    assert kw["attention_mask"][:, :, 1].all()  # the case's fully masked rows (True = masked)
-    same(got_init, init(attn_mask_type="arbitrary"))
-    same(fwd["forward"], {"qkv_format": "bshd", "attn_mask_type": "arbitrary",
-                          "attention_mask": kw["attention_mask"]})  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "mask,window,te_window",
-    [
-        ("no_mask", (3, 2), (3, 2)),
-        ("no_mask", (-1, -1), (-1, -1)),
-        ("no_mask", (-1, 4), (26, 4)),  # one unbounded side: a bound wider than any row
-        ("padding", (0, -1), (0, 26)),
-        ("arbitrary", (-1, 0), (26, 0)),  # TE would read (-1, 0) as "no window" here
-        ("causal", (5, 0), (5, 0)),
-        ("padding_causal", (0, -1), (0, 0)),  # SPEC: causal types force wr = 0
-        ("causal_bottom_right", (-1, 0), (-1, 0)),
-    ],
-)
-def test_window_size(te, mask, window, te_window):
-    case = cpu_case("bshd_bshd_bshd", "bf16", mask, window=window, padding_from="mask")
-    got_init, fwd, _, _, _ = run(te, case)
-    assert got_init["window_size"] == fwd["forward"]["window_size"] == te_window
-
-
-def test_bottom_right_diagonal(te):
-    case = cpu_case("sbhd_sbh2d", "bf16", "no_mask", window=(2, 2), bottom_right_diagonal=False)
-    got_init, fwd, _, _, _ = run(te, case)
-    same(got_init, init(qkv_format="sbhd", attn_mask_type="no_mask", window_size=(2, 2),
-                        bottom_right_diagonal=False))  # fmt: skip
-    same(fwd["forward"], {"qkv_format": "sbhd", "attn_mask_type": "no_mask",
-                          "window_size": (2, 2), "bottom_right_diagonal": False})  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "bias_type,shape", [("pre_scale_bias", "111s"), ("post_scale_bias", "b1ss")]
-)
-def test_bias(te, bias_type, shape):
-    case = cpu_case("bshd_bshd_bshd", "bf16", "no_mask", bias_type=bias_type, bias_shape=shape)
-    got_init, fwd, kw, _, _ = run(te, case)
-    same(got_init, init(attn_mask_type="no_mask"))
-    same(fwd["forward"], {"qkv_format": "bshd", "attn_mask_type": "no_mask",
-                          "core_attention_bias_type": bias_type,
-                          "core_attention_bias": kw["core_attention_bias"]})  # fmt: skip
-
-
-@pytest.mark.parametrize("slopes", [None, "h", "bh"])
-def test_alibi(te, slopes):
-    case = cpu_case("thd_t2hd", "bf16", "padding_causal", bias_type="alibi", alibi_slopes=slopes)
-    _, fwd, kw, _, _ = run(te, case)
-    expected = {
-        "qkv_format": "thd", "attn_mask_type": "padding_causal",
-        "core_attention_bias_type": "alibi",
-        "cu_seqlens_q": kw["cu_seqlens_q"], "cu_seqlens_kv": kw["cu_seqlens_kv"],
-        "max_seqlen_q": 13, "max_seqlen_kv": 13,
+def test_case_arguments_pass_to_te_as_given():
+    """No rewriting: TE's own check_set_window_size, alignment rules and thd check are judged."""
+    takes = frozenset({"bottom_right_diagonal", "softmax_type", "return_max_logit"})
+    case = cpu_case("thd_thd_thd", "bf16", "causal", window=(-1, 4), bottom_right_diagonal=False)
+    init = te_adapter.te_init_kwargs(case, 0.25, 0.0, takes)
+    assert init["attn_mask_type"] == "causal" and init["window_size"] == (-1, 4)
+    assert init["bottom_right_diagonal"] is False and init["qkv_format"] == "thd"
+    kwargs = {"qkv_layout": "thd_thd_thd", "attn_mask_type": "causal", "window_size": (0, -1)}
+    assert te_adapter.te_forward_kwargs(case, kwargs) == {
+        "qkv_format": "thd", "attn_mask_type": "causal", "window_size": (0, -1),
     }  # fmt: skip
-    if slopes:
-        expected["alibi_slopes"] = kw["alibi_slopes"]
-        assert kw["alibi_slopes"].dtype == torch.float32
-    same(fwd["forward"], expected)
-
-
-def test_gqa_mqa_and_mla(te):
-    mqa = cpu_case("bshd_bshd_bshd", "bf16", "causal", gqa=4)
-    assert run(te, mqa)[0]["num_gqa_groups"] == 1
-    mla = replace(cpu_case("sbhd_sbhd_sbhd", "bf16", "causal", gqa=2), dv=8)
-    got_init, _, _, (out, _, _), _ = run(te, mla)
-    same(got_init, init(qkv_format="sbhd", kv_channels=(16, 8), num_gqa_groups=2))
-    assert out.shape == (13, 2, 4 * 8)
-
-
-@pytest.mark.parametrize("via", ["arg", "param"])
-def test_learnable_offset_is_loaded_into_te_parameter(te, via):
-    """TE's forward has no softmax_offset: the module's Parameter gets the case's values and
-    stands in for the leaf (its gradient is the case's dsoftmax_offset)."""
-    case = cpu_case("sbh3d", "bf16", "no_mask", softmax_type="learnable", offset_via=via)
-    got_init, fwd, kw, (_, _, stand_in), module = run(te, case)
-    same(got_init, init(qkv_format="sbhd", attn_mask_type="no_mask", softmax_type="learnable"))
-    same(fwd["forward"], {"qkv_format": "sbhd", "attn_mask_type": "no_mask"})
-    assert stand_in["offset"] is module.softmax_offset
-    assert torch.equal(module.softmax_offset.detach(), kw["softmax_offset"].detach())
-
-
-def test_off_by_one_and_max_logit(te):
-    case = cpu_case("bshd_bshd_bshd", "fp16", "causal", softmax_type="off-by-one",
-                    return_max_logit=True)  # fmt: skip
-    got_init, _, _, (out, max_logit, _), _ = run(te, case)
-    same(got_init, init(softmax_type="off-by-one", return_max_logit=True))
-    assert out.shape == (2, 13, 64) and max_logit.shape == (4,)
-
-
-def test_dropout_goes_to_the_constructor(te):
-    assert run(te, cpu_case("bshd_bshd_bshd", "fp32", "causal"), dropout=0.1)[0] == init(
-        attention_dropout=0.1
-    )
-
-
-@pytest.mark.parametrize(
-    "recipe,expected",
-    [
-        (te_fast.fp8.DelayedScaling(te_fast.fp8.Format.HYBRID, margin=1, amax_history_len=8,
-                                    amax_compute_algo="most_recent"),
-         ("DelayedScaling", dict(margin=1, fp8_format="HYBRID", amax_history_len=8,
-                                 amax_compute_algo="most_recent", fp8_dpa=True))),
-        (te_fast.fp8.CurrentScaling(te_fast.fp8.Format.E4M3),
-         ("Float8CurrentScaling", dict(fp8_format="E4M3", fp8_dpa=True))),
-    ],
-)  # fmt: skip
-@pytest.mark.parametrize("context", ["autocast", "fp8_autocast"])
-def test_fp8_runs_under_te_autocast_with_the_recipe(te, monkeypatch, recipe, expected, context):
-    if context == "fp8_autocast":  # TE before 2.12 has only fp8_autocast(fp8_recipe=...)
-        monkeypatch.delattr(te, "autocast")
-    case = cpu_case("bshd_bshd_bshd", "bf16", "causal")
-    _, fwd, _, _, _ = run(te, case, fp8=True, fp8_meta={"recipe": recipe}, fp8_output=True)
-    same(fwd["forward"], {"qkv_format": "bshd", "attn_mask_type": "causal", "fp8_output": True})
-    got = fwd["fp8_recipe"]
-    name, fields = expected
-    assert type(got).__name__ == name
-    assert {k: getattr(got, k) for k in fields} | {"fp8_format": got.fp8_format.name} == fields
-    assert te.FP8["recipe"] is None  # the region was left
-
-
-def test_fp8_combinations_te_cannot_run_are_clear_errors(te):
-    case = cpu_case("bshd_bshd_bshd", "bf16", "causal")
-    e5m2 = {"recipe": te_fast.fp8.DelayedScaling(te_fast.fp8.Format.E5M2)}
-    with pytest.raises(NotImplementedError, match="Pure E5M2 training is not supported"):
-        run(te, case, fp8=True, fp8_meta=e5m2)
-    sink = replace(case, softmax_type="off-by-one")
-    fp8 = {"recipe": te_fast.fp8.DelayedScaling()}
-    with pytest.raises(NotImplementedError, match="neither sink softmax nor return_max_logit"):
-        run(te, sink, fp8=True, fp8_meta=fp8)
-    with pytest.raises(ValueError, match=r"fp8=True needs fp8_meta=\{'recipe': ...\}"):
-        run(te, case, fp8=True)
-
-
-def test_an_argument_without_a_te_mapping_is_an_error(te):
     with pytest.raises(TypeError, match=r"no TE mapping for \['fast_path'\]"):
-        run(te, cpu_case("bshd_bshd_bshd", "bf16", "causal"), fast_path=True)
+        te_adapter.te_forward_kwargs(case, {"qkv_layout": "bshd_bshd_bshd", "fast_path": True})
+    with pytest.raises(ValueError, match="different formats"):
+        te_adapter.te_forward_kwargs(case, {"qkv_layout": "thd_bshd_bshd"})
 
 
-# ----------------------------------------------------------------------------- declared limits
+def test_declared_capabilities():
+    assert ADAPTER.argument_errors == (AssertionError, ValueError)
+    assert ADAPTERS["te_fast"].argument_errors == (ValueError,)
+    assert not ADAPTER.default and "cpu" in ADAPTER.devices
+    reason = ADAPTER.lacks("validates_arguments")
+    assert reason is not None and ("assert statements" in reason or "not installed" in reason)
 
 
-def test_declared_capabilities(te):
-    assert ADAPTER.lacks("dropout") is None and ADAPTER.lacks("sync_free") is None
-    assert "assert statements" in ADAPTER.lacks("validates_arguments")
-    assert "no_torch_dynamo" in ADAPTER.lacks("capturable")
-    assert "get_rng_state_tracker" in ADAPTER.lacks("dropout_ctx")
-    with pytest.raises(ValueError, match="unknown capability"):
-        ADAPTER.lacks("dropuot")
+# ----------------------------------------------------------------------------- the registry
+
+
+def _explain(case, **kw):
+    return tuple(d.id for d in te_deviations.explain(case, **kw))
+
+
+def test_reason_format():
+    assert str(te_deviations.D1) == (
+        "TE deviation D1: " + te_deviations.D1.title + " [TE pytorch/attention/"
+        "dot_product_attention/utils.py:2068-2071] reproducer: python -m suites.te_deviations D1"
+    )
+    assert str(te_deviations.FALLBACK).startswith("TE fallback: fully masked rows")
+    assert str(te_deviations.FALLBACK).endswith("reproducer: python -m suites.te_deviations "
+                                                "fallback")  # fmt: skip
+
+
+def test_predicates_on_the_reproducers():
+    one = dict(b=1, h=1, hg=1, d=4, device="cpu")
+    assert _explain(AttnCase("bshd_bshd_bshd", "fp32", "causal", sq=5, skv=3, dv=3, **one)) == (
+        "D1",
+    )
+    assert _explain(AttnCase("bshd_bshd_bshd", "fp32", "causal", sq=3, skv=5, dv=5, **one)) == ()
+    assert _explain(AttnCase("bshd_bshd_bshd", "fp32", "causal_bottom_right", sq=3, skv=2,
+                             dv=2, **one)) == ("fallback",)  # fmt: skip
+    d2 = AttnCase("thd_thd_thd", "fp32", "padding", sq=4, skv=4, dv=4, **(one | {"b": 2}))
+    assert _explain(d2, lengths=([2, 4], [4, 1])) == ("D2",)
+    assert _explain(d2, lengths=([2, 4], [2, 4])) == ()
+    # D3: left padding, cross attention, bottom-right: the lengths move
+    d3 = AttnCase("bshd_bshd_bshd", "fp32", "padding_causal_bottom_right", sq=3, skv=4, dv=4,
+                  padding_from="mask", **one)  # fmt: skip
+    mq = torch.tensor([True, False, False]).view(1, 1, 1, 3)
+    mkv = torch.tensor([True, False, False, False]).view(1, 1, 1, 4)
+    assert _explain(d3, call_kwargs={"attention_mask": (mq, mkv)}) == ("D3",)
+    right = (mq.flip(-1), mkv.flip(-1))  # the same counts, right-padded: TE reads them right
+    assert _explain(d3, call_kwargs={"attention_mask": right}) == ()
+    # D5: a mask given with a causal type; none with no_mask and no window (TE ignores it)
+    m = torch.zeros(1, 1, 3, 3, dtype=torch.bool)
+    m[..., 0] = True
+    causal = AttnCase("bshd_bshd_bshd", "fp32", "causal", sq=3, skv=3, dv=3, **one)
+    assert _explain(causal, call_kwargs={"attention_mask": m}) == ("D5",)
+    assert _explain(replace(causal, mask_type="no_mask"), call_kwargs={"attention_mask": m}) == ()
+    # D6 (+ the fallback's uniform padded rows): padding type, window, ALiBi, bottom-right
+    d6 = AttnCase("bshd_bshd_bshd", "fp32", "padding_causal_bottom_right", sq=4, skv=5, dv=5,
+                  window=(2, 0), bias_type="alibi", **one)  # fmt: skip
+    assert _explain(d6, lengths=([2], [4])) == ("D6", "fallback")
+    assert _explain(replace(d6, bias_type="no_bias"), lengths=([2], [4])) == ("fallback",)
+    # no fallback where TE's fused softmax kernel would take the case
+    assert _explain(replace(d6, bias_type="no_bias"), lengths=([2], [4]),
+                    fallback_softmax=False) == ()  # fmt: skip
+    # an argument TE asserts on is no deviation (both refuse it)
+    assert _explain(replace(causal, window=(-1, 2))) == ()
+
+
+def test_thd_zero_filled_keys_hide_a_difference():
+    """thd: TE's padded keys are zeros. A row whose keys are all padding gives 0 either way
+    (uniform over zero V), so a zero-length kv sequence is no visible deviation on its own."""
+    case = AttnCase("thd_thd_thd", "fp32", "padding", b=2, sq=4, skv=4, h=1, hg=1, d=4, dv=4,
+                    window=(1, 1), device="cpu")  # fmt: skip
+    assert _explain(case, lengths=([2, 3], [2, 0]), fallback_softmax=True) == ()
+
+
+def test_every_deviation_has_its_fields():
+    for dev_id, dev in te_deviations.DEVIATIONS.items():
+        assert dev.id == dev_id and dev.title and dev.diagnosis and dev.grid and dev.reproducer
+        assert ":" in dev.te_lines, dev_id
+
+
+# ----------------------------------------------------------------------------- TE itself
+
+
+@pytest.mark.parametrize("dev_id", list(te_deviations.DEVIATIONS))
+def test_each_reproducer_still_shows_its_deviation(dev_id):
+    """The reproducer's TE grid differs from the documented one (a fixed TE fails here)."""
+    _te_or_skip()
+    text = te_deviations.reproduce(dev_id)
+    te_part, doc_part = text.split("documented (te_ref, SPEC):")
+    te_rows = te_part.split("(batch 0, head 0):")[1].strip()
+    doc_rows = doc_part.split("\n\nmax_logit")[0].strip()
+    assert te_rows != doc_rows, f"{dev_id} no longer shows:\n{text}"
+
+
+def test_alibi_cache_d4_shows_without_the_reset(monkeypatch):
+    """D4: one module, two calls with the same shapes and other lengths. With the adapter's
+    reset before each call TE agrees with te_ref; without it, the second call keeps the first
+    call's ALiBi offsets (strict: equal results would mean D4 is gone)."""
+    _te_or_skip()
+    case = AttnCase("bshd_bshd_bshd", "fp32", "padding", b=1, sq=4, skv=6, h=2, hg=2, d=8,
+                    dv=8, bias_type="alibi", device="cpu")  # fmt: skip
+    base = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(1))
+
+    def with_lengths(lq, lkv):
+        cu_q, cu_kv = (torch.tensor([0, n], dtype=torch.int32) for n in (lq, lkv))
+        kwargs = dict(base.kwargs, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv)
+        return replace(base, kwargs=kwargs, lengths_q=[lq], lengths_kv=[lkv])
+
+    first, second = with_lengths(4, 6), with_lengths(1, 6)
+    assert known_deviations(ADAPTER, case, second) == ()
+    module = ADAPTER.build(case, 8**-0.5)
+    run_impl(ADAPTER, module, case, first)
+    judge_against_reference(case, second, run_impl(ADAPTER, module, case, second))
+    run_impl(ADAPTER, module, case, first)
+    monkeypatch.setattr(te_adapter, "reset_alibi_cache", lambda module: None)
+    stale = run_impl(ADAPTER, module, case, second)
+    with pytest.raises(AssertionError):
+        judge_against_reference(case, second, stale)
 
 
 @pytest.mark.parametrize(
-    "case,reason",
+    "case",
     [
-        (AttnCase("bshd_bshd_bshd", "fp32", "causal", device="cpu"),
-         "does not support device 'cpu': DotProductAttention takes CUDA tensors only"),
-        (AttnCase("thd_bshd_bshd", "bf16", "padding_causal_bottom_right", kv_cache_extra=9),
-         "does not support layout 'thd_bshd_bshd': q and the kv cache in different formats"),
-        (AttnCase("sbhd_bshd_bshd", "bf16", "causal"), "only inside its KV cache"),
-        (AttnCase("thd_thd_thd", "bf16", "arbitrary"), "'thd' with padding mask types only"),
-    ],
-)  # fmt: skip
-def test_inexpressible_cases_skip_with_reasons(te, case, reason):
-    reasons = ADAPTER.not_supported_reasons(case)
-    assert len(reasons) == 1 and reason in reasons[0], reasons
+        cpu_case("bshd_bshd_bshd", "fp32", "causal", gqa=2),
+        cpu_case("sbh3d", "fp32", "no_mask", bias_type="alibi", softmax_type="off-by-one"),
+        cpu_case("thd_t2hd", "bf16", "padding_causal", varlen="full"),
+        cpu_case("bs3hd", "fp32", "no_mask", softmax_type="learnable", offset_via="param"),
+        cpu_case("sbhd_sbhd_sbhd", "fp32", "padding", cross=True, padding_from="mask",
+                 bias_type="post_scale_bias", bias_shape="1hss", return_max_logit=True),
+    ],  # fmt: skip
+    ids=lambda c: c.id,
+)
+def test_te_agrees_with_te_ref_where_no_deviation_is_recorded(case):
+    _te_or_skip()
+    inputs = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert known_deviations(ADAPTER, case, inputs) == ()
+    module = ADAPTER.build(case, case.d**-0.5)
+    judge_against_reference(case, inputs, run_impl(ADAPTER, module, case, inputs, watch=True))
 
 
-def test_plain_gpu_cases_are_supported(te):
-    for case in (
-        AttnCase("bshd_bshd_bshd", "bf16", "causal"),
-        AttnCase("t3hd", "fp16", "no_mask", bias_type="alibi", softmax_type="learnable"),
-        AttnCase("sbh3d", "bf16", "causal", window=(4, 0), bottom_right_diagonal=True,
-                 return_max_logit=True),
-    ):  # fmt: skip
-        assert ADAPTER.not_supported_reasons(case) == [], case
+def test_stand_in_runs_only_the_unfused_backend_and_no_native_call():
+    _te_or_skip()
+    case = cpu_case("bshd_bshd_bshd", "bf16", "causal")
+    inputs = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(0))
+    run_impl(ADAPTER, ADAPTER.build(case, 0.25), case, inputs)
+    backends = sys.modules[type(ADAPTER.build(case, 0.25)).__module__]._attention_backends
+    assert backends["use_unfused_attention"] and not backends["use_fused_attention"]
+    assert not torch.cuda.is_available()  # the redirections were undone
+    assert ADAPTER.takes_fallback_softmax(case) and not ADAPTER.supports_fp8
 
 
-def test_an_older_te_skips_what_it_cannot_take(te):
-    """TE 2.7 and older: no bottom_right_diagonal, softmax_type, return_max_logit, fp8_output;
-    the cases that need them skip naming the release that added them, the others run."""
-    sys.modules["transformer_engine.pytorch.attention"].drop_arguments(
-        "bottom_right_diagonal", "softmax_type", "return_max_logit", "fp8_output"
-    )
-    case = AttnCase("bshd_bshd_bshd", "bf16", "causal", bottom_right_diagonal=False,
-                    softmax_type="learnable", return_max_logit=True)  # fmt: skip
-    version = "transformer_engine 2.18.0+stand-in: DotProductAttention has no"
-    assert ADAPTER.not_supported_reasons(case) == [
-        f"{version} softmax_type argument (TE 2.8+)",
-        f"{version} return_max_logit argument (TE 2.9+)",
-        f"{version} bottom_right_diagonal argument (TE 2.12+)",
-    ]
-    got_init, _, _, _, _ = run(te, cpu_case("bshd_bshd_bshd", "bf16", "causal"))
-    dropped = ("bottom_right_diagonal", "softmax_type", "return_max_logit")
-    same(got_init, {k: v for k, v in init().items() if k not in dropped})
+def test_te_refuses_what_te_ref_refuses_with_an_assertion():
+    """TE asserts (argument_errors) where te_ref raises ValueError: thd with a causal type."""
+    _te_or_skip()
+    case = cpu_case("thd_thd_thd", "fp32", "causal")
+    inputs = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(0))
+    with pytest.raises(ADAPTER.argument_errors, match="padding"):
+        run_impl(ADAPTER, ADAPTER.build(case, 0.25), case, inputs)
+    q = torch.zeros(5, 4, 16)
+    with pytest.raises(ValueError):
+        te_ref.dot_product_attention(
+            q, q, q, qkv_layout="thd_thd_thd", attn_mask_type="causal",
+            cu_seqlens_q=torch.tensor([0, 5], dtype=torch.int32),
+            cu_seqlens_kv=torch.tensor([0, 5], dtype=torch.int32), max_seqlen_q=5,
+            max_seqlen_kv=5,
+        )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- without TE
 
 
 def test_without_te_every_case_skips_with_the_import_error(tmp_path):
-    """The attention and compile suites under --impl transformer_engine with TE hidden: every
-    case skips, and the reason is the import error (test_core's combinations that no layout can
-    express skip before any adapter is asked, with that reason)."""
+    """The attention suite under --impl transformer_engine with TE hidden: every case skips,
+    and the reason is the import error (test_core's combinations that no layout can express
+    skip before any adapter is asked, with that reason)."""
     out = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     paths = [str(NO_TE), str(ROOT), env.get("PYTHONPATH")]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     cmd = [
         sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
-        "--te-report", str(out), "--impl", "transformer_engine",
-        "suites/test_attention.py", "suites/test_compile.py",
-        "--deselect", "suites/test_compile.py::test_replays_leave_memory_flat",  # te_fast's own
+        "--te-report", str(out), "--impl", "transformer_engine", "suites/test_attention.py",
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
@@ -405,10 +303,12 @@ def test_without_te_every_case_skips_with_the_import_error(tmp_path):
         "transformer_engine not installed: ImportError: "
         "transformer_engine hidden by tests/te_fixtures/no_te"
     )
-    assert len(cases) > 500
+    assert len(cases) > 300
     assert all("transformer_engine" in c["nodeid"] for c in cases)
-    allowed = {reason, AttnCase("bs3hd", "bf16", "causal", hg=2).invalid_reason()}
-    wrong = [(c["nodeid"], c["outcome"], c["skip_reason"]) for c in cases
-             if c["outcome"] != "skipped" or c["skip_reason"] not in allowed]  # fmt: skip
+    invalid = AttnCase("bs3hd", "bf16", "causal", hg=2).invalid_reason()
+    wrong = [
+        (c["nodeid"], c["outcome"], c["skip_reason"]) for c in cases
+        if c["outcome"] != "skipped"
+        or not (c["skip_reason"].startswith(reason) or c["skip_reason"] == invalid)
+    ]  # fmt: skip
     assert not wrong, wrong[:5]
-    assert sum(c["skip_reason"] == reason for c in cases) > 500

@@ -1,4 +1,7 @@
-"""`--impl transformer_engine`: a Transformer Engine install's unfused attention in the suites."""
+"""`--impl transformer_engine`: Transformer Engine's DotProductAttention, routed to its unfused
+backend, in the suites. With the real TE (wheel and native extension) on a GPU runner it runs as
+installed; on a machine without CUDA, TE 2.20.2's real Python runs on the CPU through the
+stand-ins of suites/adapters/te_cpu.py (docs/transformer_engine.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from types import ModuleType
 
 import torch
 
+from suites import te_deviations
+from suites.adapters import te_cpu
 from suites.adapters.base import Adapter
 from suites.cases import AttnCase
 from te_ref.layouts import LAYOUTS, parse_layout
@@ -33,14 +38,6 @@ ADDED_IN = {
     "bottom_right_diagonal": "2.12",
 }
 
-# TE takes qkv_format="thd" only with a padding mask type; SPEC §1 has thd respect sequence
-# boundaries whatever the type, so these are the same masks.
-THD_MASK_TYPES = {
-    "no_mask": "padding",
-    "causal": "padding_causal",
-    "causal_bottom_right": "padding_causal_bottom_right",
-}
-
 # q in one format, the kv cache in another: TE builds those only inside its KV cache
 # (inference_params), DotProductAttention.forward takes one qkv_format.
 MIXED_LAYOUTS = tuple(
@@ -51,8 +48,8 @@ MIXED_LAYOUTS = tuple(
 # them: True means "masked out" in TE as in SPEC §2.3, so it is passed as it is, never inverted.
 SAME_NAME = (
     "cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv", "attention_mask",
-    "bottom_right_diagonal", "core_attention_bias_type", "core_attention_bias", "alibi_slopes",
-    "fp8_output",
+    "window_size", "bottom_right_diagonal", "core_attention_bias_type", "core_attention_bias",
+    "alibi_slopes", "fp8_output",
 )  # fmt: skip
 
 _loaded: tuple[ModuleType | None, str | None] | None = None  # (transformer_engine.pytorch, why not)
@@ -60,11 +57,19 @@ _loaded: tuple[ModuleType | None, str | None] | None = None  # (transformer_engi
 
 def load() -> tuple[ModuleType | None, str | None]:
     """(transformer_engine.pytorch, None), or (None, why it cannot be used); imported once, with
-    TE_ENV set first. Called at run time only, never at collection."""
+    TE_ENV set first. Called at run time only, never at collection.
+
+    The real TE first (its native extension, on a GPU runner); where that import fails and torch
+    sees no CUDA device, TE's Python again through the CPU stand-ins (te_cpu.import_te)."""
     global _loaded
     if _loaded is None:
         _loaded = _import()
     return _loaded
+
+
+def stand_in() -> bool:
+    """Whether TE runs through the CPU stand-in (not its native extension)."""
+    return te_cpu.is_stand_in(sys.modules.get("transformer_engine_torch"))
 
 
 def _import() -> tuple[ModuleType | None, str | None]:
@@ -73,8 +78,20 @@ def _import() -> tuple[ModuleType | None, str | None]:
     os.environ.update(TE_ENV)
     try:
         import transformer_engine.pytorch as te
-    except Exception as e:  # not installed, or installed without its CUDA libraries
-        return None, f"transformer_engine not installed: {type(e).__name__}: {e}"
+    except Exception as e:  # not installed, or installed without its native parts
+        native_error = f"{type(e).__name__}: {e}"
+        absent = isinstance(e, ModuleNotFoundError) and e.name == "transformer_engine"
+        if absent or torch.cuda.is_available():
+            return None, f"transformer_engine not installed: {native_error}"
+        try:
+            te = te_cpu.import_te()
+        except Exception as e2:
+            te_cpu.forget_te()
+            return None, (
+                f"transformer_engine not installed: {native_error}; through the CPU stand-in: "
+                f"{type(e2).__name__}: {e2}"
+            )
+        return te, None
     if imported_before and overridden:
         return None, (
             "transformer_engine was imported before this adapter could force its unfused backend "
@@ -94,47 +111,19 @@ def accepted(fn) -> frozenset[str]:
     return frozenset(inspect.signature(fn).parameters)
 
 
-def te_mask_type(mask_type: str, qkv_format: str) -> str:
-    """TE's attn_mask_type for ours: the same name, with padding made explicit on thd."""
-    return THD_MASK_TYPES.get(mask_type, mask_type) if qkv_format == "thd" else mask_type
-
-
-def te_window_size(window, mask_type: str, bound: int):
-    """TE's window_size for ours (SPEC §2.3, -1 = unbounded).
-
-    TE accepts (-1, 0) or (>= 0, 0) with a causal type, else (-1, -1) or (>= 0, >= 0) (its
-    check_set_window_size; it asserts or silently rewrites otherwise, e.g. (-1, 0) with no_mask
-    becomes no window at all). One unbounded side therefore becomes ``bound``, a width no row
-    reaches (sq + skv), which masks nothing: the same window in a form TE takes.
-    """
-    if window is None:
-        return None
-    left, right = window
-    if "causal" in mask_type:  # SPEC §2.3: causal types force wr = 0 (TE does the same)
-        return (left, 0)
-    if (left, right) == (-1, -1):
-        return (-1, -1)
-    return (bound if left == -1 else left, bound if right == -1 else right)
-
-
-def _window_bound(case: AttnCase) -> int:
-    return case.sq + case.skv + case.kv_cache_extra
-
-
 def te_init_kwargs(
     case: AttnCase, scale: float | None, dropout: float, takes: frozenset[str]
 ) -> dict:
     """DotProductAttention's constructor arguments for a case; ``takes``: the names the installed
     TE accepts (optional ones it lacks are left out; a case that needs one is skipped)."""
-    fmt = case.layout_info.q_format
     kwargs = dict(
         num_attention_heads=case.h,
         kv_channels=case.d if case.d == case.dv else (case.d, case.dv),
         num_gqa_groups=case.hg,
         attention_dropout=dropout,
-        qkv_format=fmt,
-        attn_mask_type=te_mask_type(case.mask_type, fmt),
-        window_size=te_window_size(case.window, case.mask_type, _window_bound(case)),
+        qkv_format=case.layout_info.q_format,
+        attn_mask_type=case.mask_type,
+        window_size=case.window,
         attention_type=case.attention_type,
         softmax_scale=scale,
     )
@@ -150,7 +139,9 @@ def te_init_kwargs(
 
 def te_forward_kwargs(case: AttnCase, kwargs: dict) -> dict:
     """DotProductAttention.forward's keyword arguments for one of our calls (without the tensors
-    the adapter handles itself: softmax_offset, fp8, fp8_meta)."""
+    the adapter handles itself: softmax_offset, fp8, fp8_meta). Everything passes as given, so
+    that TE's own normalisation (check_set_window_size, the alignment rules, the thd check) is
+    what the suites judge."""
     kwargs = dict(kwargs)
     info = parse_layout(kwargs.pop("qkv_layout"))
     if info.q_format != info.kv_format:
@@ -159,15 +150,16 @@ def te_forward_kwargs(case: AttnCase, kwargs: dict) -> dict:
             "DotProductAttention.forward takes one qkv_format (TE builds mixed formats only "
             "inside its KV cache, inference_params)"
         )
-    mask_type = kwargs.pop("attn_mask_type", "no_mask")
-    out = {"qkv_format": info.q_format, "attn_mask_type": te_mask_type(mask_type, info.q_format)}
-    if "window_size" in kwargs:
-        out["window_size"] = te_window_size(
-            kwargs.pop("window_size"), mask_type, _window_bound(case)
-        )
+    out = {"qkv_format": info.q_format, "attn_mask_type": kwargs.pop("attn_mask_type", "no_mask")}
     for name in SAME_NAME:
         if name in kwargs:
             out[name] = kwargs.pop(name)
+    mask = out.get("attention_mask")
+    if isinstance(mask, (tuple, list)) and case.attention_type == "self":
+        # TE's self attention takes one [b, 1, 1, sq] padding mask for queries and keys (its
+        # docstring); a pair passes as that form, its query mask (TE deviation D2 where the
+        # key mask differs)
+        out["attention_mask"] = mask[0]
     if kwargs:
         raise TypeError(f"transformer_engine adapter: no TE mapping for {sorted(kwargs)}")
     return out
@@ -203,80 +195,77 @@ def te_autocast(te: ModuleType, recipe):
 class TransformerEngine(Adapter):
     """transformer_engine.pytorch.DotProductAttention with only its unfused backend allowed.
 
-    NOT RUN AGAINST A REAL TRANSFORMER ENGINE HERE: TE's core wheel needs CUDA, and neither the
-    project's CPU machines nor its GPU machine (no network, no TE in the image) can install it.
-    The mapping below is written against TE's source (the 2.x `DotProductAttention` signature,
-    checked from 2.0 to 2.18 and the 2.20 development branch) and unit-tested on the CPU against a
-    recording stand-in (tests/test_te_adapter.py). Without an importable TE every case of this
-    adapter skips with "transformer_engine not installed: <the import error>".
+    Where it runs: with the real TE (wheel and native extension) on a GPU runner, as installed,
+    on CUDA cases (NOT RUN HERE: the project's GPU machine has no TE). Without CUDA, TE 2.20.2's
+    real Python on CPU cases through te_cpu's stand-ins (the native module and its loader) and
+    redirections (TE's CUDA queries, only while TE code runs). Without an importable TE every
+    case skips with "transformer_engine not installed: <the import error>".
 
-    How it drives TE: NVTE_FLASH_ATTN=0, NVTE_FUSED_ATTN=0 (and NVTE_UNFUSED_ATTN=1,
-    NVTE_UnfusedDPA_Emulate_FP8=1) are set before TE is imported, and every call checks TE's
-    backend cache: a call that did not run UnfusedDotProductAttention is an error, never a
-    silent test of another backend. Our call maps onto TE's arguments as follows:
+    How it drives TE: TE_ENV is set before TE is imported (NVTE_FLASH_ATTN=0, NVTE_FUSED_ATTN=0,
+    NVTE_UNFUSED_ATTN=1, NVTE_UnfusedDPA_Emulate_FP8=1; the stand-in adds
+    NVTE_MASKED_SOFTMAX_FUSION=0), and every call checks TE's backend cache: a call that did not
+    run UnfusedDotProductAttention is an error, never a silent test of another backend. TE's
+    module-global ALiBi cache is reset before each call, as a fresh process has it (TE deviation
+    D4 is the reason; tests/test_te_adapter.py shows D4 itself). The mapping:
 
     - constructor: num_attention_heads = h, kv_channels = d or (d, dv), num_gqa_groups = hg,
       attention_dropout, qkv_format, attn_mask_type, window_size, attention_type, softmax_scale;
       bottom_right_diagonal, softmax_type, return_max_logit where the installed TE has them.
     - forward: qkv_layout -> qkv_format (TE detects packing from the strides of the q/k/v views);
-      cu_seqlens_q/kv, max_seqlen_q/kv, attention_mask (True = masked out in both: not inverted),
-      bottom_right_diagonal, core_attention_bias_type, core_attention_bias, alibi_slopes,
-      fp8_output by the same name; attn_mask_type by the same name, except that thd takes the
-      padding form (no_mask -> padding, causal -> padding_causal, ...; TE requires it, SPEC §1
-      means it); window_size with one unbounded side (-1) as a bound wider than any row, the form
-      TE accepts.
+      everything else by the same name and value (SAME_NAME; attention_mask True = masked out
+      in both, not inverted; a (q, kv) mask pair in self attention as TE's one-mask form, its
+      query mask): the case's mask type and window go to TE as given, so TE's own
+      check_set_window_size, alignment rules and thd check are what the suites judge.
     - softmax_offset ("learnable"): TE has no such forward argument; the module owns a Parameter
       [h], into which the case's offset is loaded (its gradient is the case's dsoftmax_offset).
     - fp8=True, fp8_meta={"recipe": ...}: TE takes FP8 from a context, so the call runs under
-      TE's autocast with the recipe translated (te_recipe; fp8_dpa=True). The FP8 suite has no
-      adapter axis, so this path is exercised by the unit tests only.
+      TE's autocast with the recipe translated (te_recipe; fp8_dpa=True). Native TE only: its
+      quantizers are native code.
 
-    Skips with a reason (TE cannot express the case): CPU tensors (TE asserts CUDA); the four
-    mixed-format inference layouts (TE takes them only through inference_params); a case needing
-    an argument the installed TE lacks (ADDED_IN); thd with an arbitrary mask; argument
-    validation (TE asserts, with its own messages) and CUDA-graph capture under torch.compile
-    (TE 2.0-2.18 wrap forward in no_torch_dynamo, so fullgraph cannot trace it).
+    Skips with a reason (TE cannot express the case): the four mixed-format inference layouts
+    (TE takes them only through inference_params); a case needing an argument the installed TE
+    lacks (ADDED_IN); CPU cases where the native TE is installed; FP8 through the stand-in.
 
-    Failures to expect, where TE's source differs from the SPEC (the suites report them):
-    - SPEC §2.4 "a row with every column masked is all 0 ... in every path, kernel or
-      fallback": TE fills masked scores with -10000. Its fused softmax kernel (fp16/bf16 only,
-      16 < sk < 16384, sk % 8 == 0, sq % 4 == 0, b*h % 4 == 0, mask [1|b, 1, sq, sk]) returns 0
-      for such a row; everything else (every fp32 input, the suites' GPU size sq = skv = 77) falls
-      back to an fp32 torch.softmax, which makes the row uniform (1/sk): the output is the mean
-      of V, not 0. TE zeroes padded query rows afterwards, so this shows with arbitrary masks and
-      windows that empty a row. Masked positions are exactly 0 only while real scores stay well
-      above -10000.
-    - SPEC §2.3 padding, "key column j is padding iff j >= seqlen_kv": with
-      attention_type="self" TE's unfused backend builds the padding mask from cu_seqlens_q alone
-      (get_padding_mask), so kv lengths that differ from the query lengths are not applied.
-    - SPEC §2.3 "bottom_right_diagonal overrides the alignment": TE forces top-left for causal
-      and padding_causal and bottom-right for the *_bottom_right types, whatever is passed.
-    - docs/SEMANTICS.md max_logit: a head with every position masked gives -10000 in TE, not -inf.
+    Where TE's code departs from its own documentation or from its fused softmax kernel (SPEC
+    §7), the case is a TE deviation: suites/te_deviations.py records each (TE lines, reproducer,
+    diagnosis, the cases it explains), and known_deviations() names the ones a case meets; the
+    suites run such cases as strict expected failures.
     """
 
     name = "transformer_engine"
-    devices = ("cuda",)
+    devices = ("cpu", "cuda")
     layouts = tuple(lay for lay in LAYOUTS if lay not in MIXED_LAYOUTS)
-    why_unsupported = {
-        "cpu": "DotProductAttention takes CUDA tensors only",
-        **dict.fromkeys(
-            MIXED_LAYOUTS,
-            "q and the kv cache in different formats exist in TE only inside its KV cache "
-            "(inference_params); DotProductAttention.forward takes one qkv_format",
-        ),
-    }
-    supports_fp8 = True
+    why_unsupported = dict.fromkeys(
+        MIXED_LAYOUTS,
+        "q and the kv cache in different formats exist in TE only inside its KV cache "
+        "(inference_params); DotProductAttention.forward takes one qkv_format",
+    )
     dropout = sync_free = True
+    # TE checks its arguments with assert statements (its own messages); a few are ValueErrors
+    argument_errors = (AssertionError, ValueError)
     why_not = {
         "validates_arguments": "TE checks its arguments with assert statements and its own "
-        "messages, not the ValueErrors this test matches",
+        "messages (AssertionError: argument_errors), not the ValueErrors this test matches",
         "dropout_ctx": "not mapped: DotProductAttention takes no attention_dropout_ctx but "
         "get_rng_state_tracker (a tracker whose fork() it enters); the adapter passes none",
-        "capturable": "TE 2.0-2.18 wrap DotProductAttention.forward in no_torch_dynamo "
-        "(torch._dynamo.disable), so torch.compile(fullgraph=True) cannot trace it; TE's own "
-        "CUDA-graph route is make_graphed_callables",
+        "traceable": "through the CPU stand-in TE's CUDA queries are answered by monkeypatched "
+        "torch.cuda functions and a TorchFunctionMode while TE code runs; dynamo traces "
+        "torch.cuda.current_device() as the real one ('Torch not compiled with CUDA enabled'). "
+        "Not a TE limit: with the native TE on a GPU runner this is declared",
+        "capturable": "not declared: TE's own CUDA-graph route is make_graphed_callables, and "
+        "no TE was installed on the project's GPU machine to check torch.compile's "
+        "reduce-overhead capture of DotProductAttention",
     }
     default = False
+
+    @property
+    def traceable(self) -> bool:  # the CPU redirections are invisible to dynamo
+        return not stand_in()
+
+    @property
+    def supports_fp8(self) -> bool:  # FP8 quantizers are native code: real TE only
+        te, missing = load()
+        return missing is None and not stand_in()
 
     def lacks(self, capability: str) -> str | None:
         reason = super().lacks(capability)
@@ -287,6 +276,11 @@ class TransformerEngine(Adapter):
         if missing:
             return [missing]
         reasons = super().not_supported_reasons(case)
+        if case.device == "cpu" and not stand_in():
+            reasons.append(
+                "transformer_engine: the native TE is installed; CPU cases run only through the "
+                "CPU stand-in (suites/adapters/te_cpu.py), on machines without CUDA"
+            )
         takes = accepted(te.DotProductAttention.__init__) | accepted(te.DotProductAttention.forward)
         for name, needed in (
             ("softmax_type", case.softmax_type != "vanilla"),
@@ -298,12 +292,44 @@ class TransformerEngine(Adapter):
                     f"transformer_engine {te_version()}: DotProductAttention has no {name} "
                     f"argument (TE {ADDED_IN[name]}+)"
                 )
-        if case.layout_info.q_format == "thd" and case.mask_type == "arbitrary":
-            reasons.append("transformer_engine takes qkv_format='thd' with padding mask types only")
         return reasons
 
     def unavailable_reason(self, device: str) -> str | None:
         return load()[1]
+
+    def known_deviations(self, case: AttnCase, lengths=None, expected=None, call_kwargs=None):
+        """suites/te_deviations.py's entries that explain why TE's result for this case differs
+        from the documented one (te_deviations.explain); the fallback outcome only where TE's
+        softmax takes its torch fallback (always through the CPU stand-in)."""
+        return te_deviations.explain(
+            case, lengths=lengths, expected=expected, call_kwargs=call_kwargs,
+            fallback_softmax=self.takes_fallback_softmax(case, call_kwargs),
+        )  # fmt: skip
+
+    def takes_fallback_softmax(self, case: AttnCase, call_kwargs=None) -> bool:
+        """Whether TE's FusedScaleMaskSoftmax takes its torch fallback for the case: asked of
+        TE's own is_kernel_available (softmax.py:296-329) with the mask type and mask shape
+        its unfused backend passes (backends.py:536-552, 727-729). Always True through the
+        stand-in (NVTE_MASKED_SOFTMAX_FUSION=0)."""
+        te, missing = load()
+        if missing or stand_in() or case.device == "cpu":
+            return True
+        softmax_mod = sys.modules[
+            "transformer_engine.pytorch.attention.dot_product_attention.softmax"
+        ]
+        sm = softmax_mod.FusedScaleMaskSoftmax(lambda x, m: x)
+        sm.input_in_fp16 = case.dtype == "fp16"
+        sm.input_in_bf16 = case.dtype == "bf16"
+        sm.input_in_float16 = sm.input_in_fp16 or sm.input_in_bf16
+        mask_type = te_deviations.te_final_mask_type(case)
+        sm.attn_mask_type = mask_type
+        sk = case.skv + case.kv_cache_extra + (case.softmax_type != "vanilla")
+        user = (call_kwargs or {}).get("attention_mask")
+        lead = user.shape[:2] if mask_type == "arbitrary" and torch.is_tensor(user) else None
+        if lead is None:
+            lead = (case.b, 1) if "padding" in mask_type else (1, 1)
+        mask = torch.empty(*lead, case.sq, sk, dtype=torch.bool, device="meta")
+        return not sm.is_kernel_available(mask, case.b, case.h, case.sq, sk)
 
     def _te(self) -> ModuleType:
         te, missing = load()
@@ -311,19 +337,25 @@ class TransformerEngine(Adapter):
             raise RuntimeError(missing)
         return te
 
+    def _region(self, case: AttnCase):
+        """Where TE code runs: the CPU redirections for CPU cases (stand-in only), else none."""
+        return te_cpu.cpu_redirect() if case.device == "cpu" else contextlib.nullcontext()
+
     def build(self, case, scale, dropout=0.0, dropout_ctx=None):
         if dropout_ctx is not None:
             raise NotImplementedError(self.lacks("dropout_ctx"))
         te = self._te()
         takes = accepted(te.DotProductAttention.__init__)
-        return te.DotProductAttention(**te_init_kwargs(case, scale, dropout, takes)).to(case.device)
+        with self._region(case):
+            module = te.DotProductAttention(**te_init_kwargs(case, scale, dropout, takes))
+        return module if case.device == "cpu" else module.to(case.device)
 
     def call(self, module, case, q, k, v, kwargs):
         te = self._te()
         kwargs = dict(kwargs)
         offset = kwargs.pop("softmax_offset", None)
         fp8, fp8_meta = kwargs.pop("fp8", False), kwargs.pop("fp8_meta", None)
-        stand_in = {}
+        stand_in_leaves = {}
         if offset is not None:
             if case.softmax_type != "learnable":
                 raise ValueError(
@@ -331,7 +363,7 @@ class TransformerEngine(Adapter):
                 )
             with torch.no_grad():  # TE's module owns the offset: load the case's values into it
                 module.softmax_offset.copy_(offset.reshape(-1))
-            stand_in["offset"] = module.softmax_offset
+            stand_in_leaves["offset"] = module.softmax_offset
         forward = te_forward_kwargs(case, kwargs)
         region = contextlib.nullcontext()
         if fp8:
@@ -343,11 +375,23 @@ class TransformerEngine(Adapter):
             if not (fp8_meta and "recipe" in fp8_meta):
                 raise ValueError("transformer_engine: fp8=True needs fp8_meta={'recipe': ...}")
             region = te_autocast(te, te_recipe(te, fp8_meta["recipe"]))
-        with region:
+        reset_alibi_cache(module)
+        with self._region(case), region:
             result = module(q, k, v, **forward)
         _require_unfused(module)
         out, max_logit = result if case.return_max_logit else (result, None)
-        return out, max_logit, stand_in
+        return out, max_logit, stand_in_leaves
+
+
+def reset_alibi_cache(module) -> None:
+    """Make TE rebuild its ALiBi slopes and bias on the next call, as in a fresh process: TE's
+    module-global _alibi_cache (dpa.py:99-108) is invalidated only when heads, max lengths,
+    alignment or slopes change (dpa.py:2689-2701), not when the actual lengths do (TE deviation
+    D4); one suite case must not inherit the bias of the one before."""
+    cache = getattr(sys.modules.get(type(module).__module__), "_alibi_cache", None)
+    if isinstance(cache, dict):
+        cache["_alibi_slopes_require_update"] = True
+        cache["_alibi_bias_require_update"] = True
 
 
 def _require_unfused(module) -> None:
