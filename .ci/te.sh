@@ -32,7 +32,7 @@ PY
 python -m suites.te_deviations >/tmp/te_deviations.txt
 
 # TE_SUITES: the suites run against TE here (docs/transformer_engine.md says why these)
-TE_SUITES=${TE_SUITES:-"suites/test_attention.py suites/test_semantics.py suites/test_dropout.py"}
+TE_SUITES=${TE_SUITES:-"suites/test_attention.py suites/test_semantics.py suites/test_dropout.py suites/test_compile.py"}
 # shellcheck disable=SC2086
 python -m pytest --impl transformer_engine -m "not gpu" -p no:cacheprovider -n 2 -q -rfEX \
   $TE_SUITES tests/test_te_adapter.py

@@ -251,7 +251,7 @@ class TransformerEngine(Adapter):
         "traceable": "through the CPU stand-in TE's CUDA queries are answered by monkeypatched "
         "torch.cuda functions and a TorchFunctionMode while TE code runs; dynamo traces "
         "torch.cuda.current_device() as the real one ('Torch not compiled with CUDA enabled'). "
-        "Not a TE limit: with the native TE on a GPU runner this is declared",
+        "With the native TE the flag is on (not run on a GPU here)",
         "capturable": "not declared: TE's own CUDA-graph route is make_graphed_callables, and "
         "no TE was installed on the project's GPU machine to check torch.compile's "
         "reduce-overhead capture of DotProductAttention",
