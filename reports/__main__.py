@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--impl",
         action="append",
         metavar="NAME",
-        help="gate this adapter (repeatable; suites/adapters/__init__.py): passed to pytest, runs "
+        help="gate this adapter (repeatable): a registered name, an installed adapter's entry "
+        "point name (te_conformance.adapters) or package.module:Class; passed to pytest, runs "
         f"{', '.join(IMPL_SUITES)} unless pytest paths are given, and compares with the "
         "adapter's own baseline",
     )
@@ -280,6 +281,19 @@ def _run_pytest(cmd: list[str]) -> int:
             signal.signal(s, handler)
 
 
+def _suite_args(paths: tuple[str, ...]) -> list[str]:
+    """IMPL_SUITES as pytest arguments: the checkout's paths where the run starts in one, else the
+    installed suites package's files, with the folder holding it as rootdir so that node ids read
+    as in the checkout (suites/test_attention.py::...)."""
+    if all(Path(p).exists() for p in paths):
+        return list(paths)
+    spec = importlib.util.find_spec("suites")
+    if spec is None or not spec.submodule_search_locations:
+        return list(paths)
+    parent = Path(next(iter(spec.submodule_search_locations))).parent
+    return ["--rootdir", str(parent), *(str(parent / p) for p in paths)]
+
+
 def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     """Run pytest with the plugin, render, compare with the baseline, print the verdict."""
     out = Path(args.out)
@@ -287,10 +301,11 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     machine = args.machine_class or env.machine_class()
     impls = args.impl or []
     # another adapter's run has other cases: it is compared with its own baseline
-    name = ".".join([machine, *impls])
+    # (an --impl package.module:Class spec names its baseline with '.' for ':')
+    name = ".".join([machine, *(n.replace(":", ".") for n in impls)])
     baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{name}.json"
     if impls:
-        suites = [] if _paths_given(pytest_args) else list(IMPL_SUITES)
+        suites = [] if _paths_given(pytest_args) else _suite_args(IMPL_SUITES)
         pytest_args = [*(a for n in impls for a in ("--impl", n)), *pytest_args, *suites]
     report_path, junit = out / "report.json", out / "junit.xml"
     report_path.unlink(missing_ok=True)  # a stale report must not stand in for this run's
