@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--impl",
         action="append",
         metavar="NAME",
-        help="gate this adapter (repeatable; suites/adapters/__init__.py): passed to pytest, runs "
+        help="gate this adapter (repeatable): a registered name, an installed adapter's entry "
+        "point name (te_conformance.adapters) or package.module:Class; passed to pytest, runs "
         f"{', '.join(IMPL_SUITES)} unless pytest paths are given, and compares with the "
         "adapter's own baseline",
     )
@@ -347,6 +348,19 @@ def _run_pytest(cmd: list[str]) -> int:
             signal.signal(s, handler)
 
 
+def _suite_args(paths: tuple[str, ...]) -> list[str]:
+    """IMPL_SUITES as pytest arguments: the checkout's paths where the run starts in one, else the
+    installed suites package's files, with the folder holding it as rootdir so that node ids read
+    as in the checkout (suites/test_attention.py::...)."""
+    if all(Path(p).exists() for p in paths):
+        return list(paths)
+    spec = importlib.util.find_spec("suites")
+    if spec is None or not spec.submodule_search_locations:
+        return list(paths)
+    parent = Path(next(iter(spec.submodule_search_locations))).parent
+    return ["--rootdir", str(parent), *(str(parent / p) for p in paths)]
+
+
 def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     """Run pytest with the plugin, render, compare with the baseline, print the verdict."""
     out = Path(args.out)
@@ -354,13 +368,14 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     machine = args.machine_class or env.machine_class()
     impls = args.impl or []
     # another adapter's run has other cases: it is compared with its own baseline
-    name = ".".join([machine, *impls])
+    # (an --impl package.module:Class spec names its baseline with '.' for ':')
+    name = ".".join([machine, *(n.replace(":", ".") for n in impls)])
     baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{name}.json"
     # without paths, the default scope: the conformance suites (the adapter suites with --impl),
     # never tests/ (the tool's own tests, `pytest -n auto tests`)
     default = [] if _paths_given(pytest_args) else list(IMPL_SUITES if impls else DEFAULT_SCOPE)
-    if default:
-        pytest_args = [*pytest_args, "--te-default-paths", *default]
+    if default:  # the checkout's paths, or the installed suites' (see _suite_args)
+        pytest_args = [*pytest_args, "--te-default-paths", *_suite_args(tuple(default))]
     if impls:
         pytest_args = [*(a for n in impls for a in ("--impl", n)), *pytest_args]
     report_path, junit = out / "report.json", out / "junit.xml"

@@ -1,6 +1,6 @@
 """Cases recorded as known failures: each fails SPEC §6's rule where named, with the diagnosis so
-far. conftest.py marks them xfail (not strict): the report lists them as xfailed with this reason
-(counted with the skips, never as passed), and one that passes shows as xpassed.
+far. suites/plugin.py marks them xfail (not strict): the report lists them as xfailed with this
+reason (counted with the skips, never as passed), and one that passes shows as xpassed.
 
 Add an entry only for a failure that is understood well enough to state, and name what would fix
 it; never to hide a regression the gate should stop.

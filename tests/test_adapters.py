@@ -40,7 +40,7 @@ def test_unknown_capability_is_an_error():
 
 
 def test_impl_help_names_the_registered_adapters():
-    import conftest
+    from suites import plugin
 
     options = {}
 
@@ -48,7 +48,7 @@ def test_impl_help_names_the_registered_adapters():
         def addoption(self, name, **kwargs):
             options[name] = kwargs
 
-    conftest.pytest_addoption(Parser())
+    plugin.pytest_addoption(Parser())
     text = options["--impl"]["help"]
     assert all(name in text for name in ADAPTERS) and "default: te_fast" in text, text
 

@@ -1,5 +1,5 @@
 """suites/known_failures.py: every entry names a test that exists (a renamed test must not leave
-a stale entry behind), and conftest.py marks exactly those xfail."""
+a stale entry behind), and the suites' plugin marks exactly those xfail."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_every_known_failure_is_a_collected_test():
 
 
 def test_known_failures_run_as_xfail():
-    import conftest
+    from suites import plugin
 
     class Item:
         def __init__(self, nodeid):
@@ -35,7 +35,7 @@ def test_known_failures_run_as_xfail():
             self.marks.append(mark)
 
     items = [Item(n) for n in KNOWN_FAILURES] + [Item("suites/test_ops.py::test_other")]
-    conftest.pytest_collection_modifyitems(None, items)
+    plugin.pytest_collection_modifyitems(None, items)
     for item in items[:-1]:
         (mark,) = item.marks
         assert mark.name == "xfail" and mark.kwargs["strict"] is False

@@ -3,19 +3,101 @@
 An adapter (suites/adapters/base.py) declares what one implementation supports, as data, and
 which CAPABILITIES it has; the suites generate their parametrization from these declarations
 and skip the rest with the reasons `not_supported_reasons` and `lacks` give. `--impl NAME`
-selects adapters. The adapters themselves: te_fast.py, torch_sdpa.py, transformer_engine.py.
+selects adapters: a name registered here, the name of an entry point of the group
+`te_conformance.adapters` (an installed package's adapter), or `package.module:Class`. The
+adapters themselves: te_fast.py, torch_sdpa.py, flex_attention.py, transformer_engine.py.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+
 import pytest
 
 from suites.adapters.base import CAPABILITIES, Adapter  # noqa: F401  (re-exported)
+from suites.adapters.flex_attention import FlexAttention
 from suites.adapters.te_fast import TeFast
 from suites.adapters.torch_sdpa import TorchSdpa
 from suites.adapters.transformer_engine import TransformerEngine
 
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (TeFast(), TorchSdpa(), TransformerEngine())}
+ADAPTERS: dict[str, Adapter] = {
+    a.name: a for a in (TeFast(), TorchSdpa(), FlexAttention(), TransformerEngine())
+}
+
+# Installed packages register adapters here: `[project.entry-points."te_conformance.adapters"]`,
+# `NAME = "package.module:Class"`; `--impl NAME` loads it.
+ENTRY_POINT_GROUP = "te_conformance.adapters"
+
+_loaded: dict[str, Adapter] = {}  # --impl spec -> its adapter: one instance per process
+
+
+def entry_point_names() -> list[str]:
+    """The names of the installed adapters' entry points (none is loaded)."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def _instance(obj, what: str) -> Adapter:
+    """An Adapter instance from what a spec names: an Adapter subclass or instance."""
+    if isinstance(obj, type) and issubclass(obj, Adapter):
+        obj = obj()
+    if not isinstance(obj, Adapter):
+        raise pytest.UsageError(
+            f"--impl {what}: {obj!r} is no suites.adapters.base.Adapter subclass (docs/adapters.md)"
+        )
+    if obj.name == Adapter.name:
+        raise pytest.UsageError(f"--impl {what}: the adapter sets no `name`")
+    return obj
+
+
+def _from_module(spec: str) -> Adapter:
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise pytest.UsageError(f"--impl {spec}: cannot import {module_name!r}: {e}") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise pytest.UsageError(f"--impl {spec}: {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    return _instance(obj, spec)
+
+
+def _from_entry_point(name: str) -> Adapter | None:
+    eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not eps:
+        return None
+    values = sorted({ep.value for ep in eps})
+    if len(values) > 1:
+        raise pytest.UsageError(
+            f"--impl {name}: {len(values)} installed {ENTRY_POINT_GROUP!r} entry points have this "
+            f"name ({', '.join(values)}); uninstall one, or name the class: --impl {values[0]}"
+        )
+    try:
+        obj = eps[0].load()
+    except Exception as e:  # the package's own import error, shown to the user
+        raise pytest.UsageError(
+            f"--impl {name}: entry point {name} = {values[0]} ({ENTRY_POINT_GROUP}) failed to "
+            f"load: {type(e).__name__}: {e}"
+        ) from e
+    return _instance(obj, f"{name} (entry point {values[0]})")
+
+
+def resolve(spec: str, pool: dict[str, Adapter] | None = None) -> Adapter:
+    """The adapter an --impl value names: a registered name, an entry point's name in
+    ENTRY_POINT_GROUP, or ``package.module:Class`` (an Adapter subclass or instance)."""
+    pool = ADAPTERS if pool is None else pool
+    if spec in pool:
+        return pool[spec]
+    if spec not in _loaded:
+        adapter = _from_module(spec) if ":" in spec else _from_entry_point(spec)
+        if adapter is None:
+            known = sorted({*pool, *entry_point_names()})
+            raise pytest.UsageError(
+                f"--impl {[spec]}: unknown; known adapters: {known} (or give package.module:Class)"
+            )
+        _loaded[spec] = adapter
+    return _loaded[spec]
 
 
 def selected(config, pool: dict[str, Adapter] | None = None) -> list[Adapter]:
@@ -24,10 +106,16 @@ def selected(config, pool: dict[str, Adapter] | None = None) -> list[Adapter]:
     names = config.getoption("--impl") if config is not None else None
     if not names:
         return [a for a in pool.values() if a.default]
-    unknown = [n for n in names if n not in pool]
-    if unknown:
-        raise pytest.UsageError(f"--impl {unknown}: unknown; known adapters: {sorted(pool)}")
-    return [pool[n] for n in names]
+    adapters = [resolve(n, pool) for n in names]
+    by_name: dict[str, list[str]] = {}
+    for spec, adapter in zip(names, adapters):
+        by_name.setdefault(adapter.name, []).append(spec)
+    clashes = {n: specs for n, specs in by_name.items() if len(set(specs)) > 1}
+    if clashes:
+        raise pytest.UsageError(
+            f"--impl: different adapters share a name (test ids would collide): {clashes}"
+        )
+    return list({a.name: a for a in adapters}.values())
 
 
 def require(adapter: Adapter, capability: str) -> None:

@@ -38,6 +38,13 @@ class Adapter:
     supports_fp8 = False
     supports_max_logit = True
     supports_window = True
+    # One flag per optional forward argument (docs/adapters.md): a case that passes the argument
+    # skips, with a reason, on an adapter whose flag is False (instead of a TypeError).
+    supports_bottom_right_diagonal = True  # bottom_right_diagonal (an alignment override)
+    supports_alibi_slopes = True  # alibi_slopes (user slopes; without them: the default slopes)
+    supports_softmax_offset = True  # softmax_offset (the learnable softmax's [h] forward argument)
+    supports_cu_seqlens_padding = True  # padding* on sbhd/bshd with lengths as cu_seqlens_q/kv
+    supports_padding_mask = True  # padding* on sbhd/bshd with lengths as attention_mask
     dropout = False
     dropout_ctx = False
     validates_arguments = False
@@ -80,7 +87,34 @@ class Adapter:
             reasons.append(f"{self.name} does not return max_logit")
         if case.window is not None and not self.supports_window:
             reasons.append(f"{self.name} has no sliding window")
+        reasons += [
+            f"{self.name} takes no {what}" + (f": {why}" if why else "")
+            for what, why in self.unsupported_arguments(case)
+        ]
         return reasons
+
+    def unsupported_arguments(self, case: AttnCase) -> list[tuple[str, str | None]]:
+        """(forward argument, why) for each optional argument the case passes that the adapter's
+        supports_* flags decline; the reason is ``why_unsupported[key]``, key the flag's name
+        without ``supports_`` (``"bottom_right_diagonal"``, ``"cu_seqlens_padding"``, ...)."""
+        padded_bshd = case.mask_type.startswith("padding") and case.layout_info.q_format != "thd"
+        needs = (
+            ("bottom_right_diagonal", "bottom_right_diagonal (alignment override)",
+             case.bottom_right_diagonal is not None),
+            ("alibi_slopes", "alibi_slopes (user ALiBi slopes)",
+             case.bias_type == "alibi" and case.alibi_slopes is not None),
+            ("softmax_offset", "softmax_offset (the learnable softmax's offset argument)",
+             case.softmax_type == "learnable"),
+            ("cu_seqlens_padding", "cu_seqlens_q/cu_seqlens_kv on sbhd/bshd (padding lengths)",
+             padded_bshd and case.padding_from == "cu_seqlens"),
+            ("padding_mask", "attention_mask as a padding mask",
+             padded_bshd and case.padding_from == "mask"),
+        )  # fmt: skip
+        return [
+            (what, self.why_unsupported.get(key))
+            for key, what, passed in needs
+            if passed and not getattr(self, f"supports_{key}")
+        ]
 
     def unavailable_reason(self, device: str) -> str | None:
         """Why the adapter cannot run on this machine right now (checked at run time)."""
