@@ -185,6 +185,23 @@ D6 = _add(Deviation(
                     lq=(2,), lkv=(4,), window=(2, 0)),  # fmt: skip
 ))
 
+M1 = _add(Deviation(
+    id="M1",
+    title="max_logit comes in O's dtype (fp16/bf16) where SPEC §1 says fp32: an open SPEC question",
+    te_lines="pytorch/cpp_extensions/fused_attn.py:322; "
+    "pytorch/attention/dot_product_attention/backends.py:711-717",
+    diagnosis="Not TE against its own documentation: the fused path's docstring says max_logit "
+    "has 'the same data type as O' (cpp_extensions/fused_attn.py:322) and the unfused backend "
+    "takes the max of the scores in the input dtype (backends.py:711-717). SPEC §1 asks for "
+    "fp32 [h]; DotProductAttention's own docstring names no dtype. Under SPEC §7 TE's "
+    "documented behaviour would win, but the SPEC is kept byte for byte with the project's "
+    "../shared/SPEC.md, so the conflict is recorded here, open, until the SPEC says which. The "
+    "values agree to the dtype's precision; only the dtype differs.",
+    grid="bf16 q, k, v, return_max_logit=True: TE max_logit torch.bfloat16, documented "
+    "(SPEC §1) torch.float32",
+    reproducer=dict(max_logit_dtype=True),
+))
+
 FALLBACK = _add(Deviation(
     id="fallback",
     kind="TE fallback",
@@ -433,6 +450,8 @@ def explain(
     found: list[Deviation] = []
     if call.user_given and ("causal" in case.mask_type or te_final_mask_type(case) == "arbitrary"):
         found.append(D5)  # te_ref refuses the mask; TE applies it
+    if case.return_max_logit and case.dtype in ("fp16", "bf16") and expected is None:
+        found.append(M1)  # max_logit in O's dtype, not fp32 (the grids do not judge max_logit)
     doc = _grids(case, call, window)
     if grid is not None:
         if call.user is None:  # what the documented grid masks beyond the model: the user's mask
@@ -480,6 +499,8 @@ def reproduce(dev_id: str) -> str:
         raise SystemExit(missing)
     dev = DEVIATIONS[dev_id]
     r = dev.reproducer
+    if r.get("max_logit_dtype"):
+        return _max_logit_dtype(te, adapter_module, dev)
     sq, skv, mask_type = r["sq"], r["skv"], r["mask"]
     lq, lkv = r.get("lq", (sq,)), r.get("lkv", (skv,))
     b = len(lq)
@@ -550,6 +571,24 @@ def reproduce(dev_id: str) -> str:
     if dev is FALLBACK:
         lines.append(_fallback_max_logit(te, region, device))
     return "\n".join(lines)
+
+
+def _max_logit_dtype(te, adapter_module, dev) -> str:
+    """M1: the dtype of TE's max_logit for bf16 inputs."""
+    from suites.adapters.te_cpu import cpu_redirect
+
+    region = cpu_redirect if adapter_module.stand_in() else _nothing
+    device = "cpu" if adapter_module.stand_in() else "cuda"
+    q = torch.randn(1, 3, 1, 4, device=device).to(torch.bfloat16)
+    with region():
+        module = te.DotProductAttention(1, 4, qkv_format="bshd", attn_mask_type="causal",
+                                        return_max_logit=True)  # fmt: skip
+        _, max_logit = module(q, q, q)
+    return (
+        f"{dev.id}: {dev.title}\n[TE {TE_RELEASE} {dev.te_lines}]\n\n"
+        f"TE {TE_RELEASE}: max_logit {max_logit.dtype} {tuple(max_logit.shape)}; "
+        "documented (SPEC §1): torch.float32 [h]"
+    )
 
 
 def _fallback_max_logit(te, region, device) -> str:

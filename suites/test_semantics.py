@@ -46,7 +46,7 @@ from suites.adapters.base import Adapter
 from suites.cases import DTYPES, AttnCase
 from te_ref.layouts import parse_layout
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny tensors, one thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # suites/plugin.py: tiny tensors, one thread
 
 
 # ----------------------------------------------------------------------------- the literal table
@@ -536,7 +536,7 @@ def _check_one(adapter, variant, case, shape, device) -> tuple[list[str], set]:
     where = f"{shape} bottom_right_diagonal={diag} window_size={window_arg}"
     outcome = _outcome(mask_type, window_arg)
     if outcome == "error":
-        errors = getattr(adapter, "argument_errors", (ValueError,))
+        errors = adapter.argument_errors
         try:
             _call(adapter, case, q, k, v, kwargs)
         except errors:
@@ -566,7 +566,7 @@ def _check_one(adapter, variant, case, shape, device) -> tuple[list[str], set]:
                 got += f" (kept right, values not 1/n: {values})"
             failures.append(f"{where} batch {x} head {hh}: expected {' '.join(rows)}, got {got}")
     deviations = adapter.known_deviations(
-        case, lengths=_lengths(shape, lengths_apply), expected=expected
+        case, lengths=_lengths(shape, lengths_apply), expected=expected, call_kwargs=kwargs
     )
     if not deviations:
         return failures, set()
@@ -696,16 +696,16 @@ def _error_call(adapter, device_name, layout, mask_type, mask=None):
     if mask is not None:
         shape = (B, 1, 1, 4) if mask == "padding" else (1, 1, 4, 4)
         kwargs["attention_mask"] = torch.zeros(shape, dtype=torch.bool, device=device)
-    errors = getattr(adapter, "argument_errors", (ValueError,))
     try:
         adapter.call(adapter.build(case, 1.0), case, q, k, v, kwargs)
-    except errors as e:
-        return e
-    return None
+    except adapter.argument_errors as e:
+        return e, kwargs
+    return None, kwargs
 
 
-def _expect_error(adapter, case_kwargs, what: str, error) -> None:
-    deviations = adapter.known_deviations(AttnCase(**case_kwargs))
+def _expect_error(adapter, case_kwargs, what: str, error, call_kwargs) -> None:
+    """The call must have raised, unless the adapter's recorded deviations say it does not."""
+    deviations = adapter.known_deviations(AttnCase(**case_kwargs), call_kwargs=call_kwargs)
     if deviations and error is None:
         pytest.xfail(" | ".join(sorted(getattr(d, "reason", str(d)) for d in deviations)))
     assert not deviations, f"recorded deviation {deviations} predicted, but the call raised"
@@ -722,9 +722,9 @@ def test_thd_takes_padding_types_only(adapter, mask_type, device_name):
     padding_causal for qkv_format=thd!")."""
     record.case(impl=adapter.name, layout="thd_thd_thd", mask_type=mask_type, device=device_name)
     mask = "arbitrary" if mask_type == "arbitrary" else None
-    error = _error_call(adapter, device_name, "thd_thd_thd", mask_type, mask)
+    error, kwargs = _error_call(adapter, device_name, "thd_thd_thd", mask_type, mask)
     case = dict(layout="thd_thd_thd", dtype="fp32", mask_type=mask_type, device=device_name)
-    _expect_error(adapter, case, f"thd with attn_mask_type={mask_type!r}", error)
+    _expect_error(adapter, case, f"thd with attn_mask_type={mask_type!r}", error, kwargs)
 
 
 @pytest.mark.per_adapter(
@@ -736,6 +736,7 @@ def test_attention_mask_only_with_padding_or_arbitrary(adapter, mask_type, devic
     'padding_causal_bottom_right' and 'arbitrary'; should be None for others") and SPEC §2.3."""
     record.case(impl=adapter.name, layout="bshd_bshd_bshd", mask_type=mask_type,
                 device=device_name)  # fmt: skip
-    error = _error_call(adapter, device_name, "bshd_bshd_bshd", mask_type, "padding")
+    error, kwargs = _error_call(adapter, device_name, "bshd_bshd_bshd", mask_type, "padding")
     case = dict(layout="bshd_bshd_bshd", dtype="fp32", mask_type=mask_type, device=device_name)
-    _expect_error(adapter, case, f"attention_mask with attn_mask_type={mask_type!r}", error)
+    what = f"attention_mask with attn_mask_type={mask_type!r}"
+    _expect_error(adapter, case, what, error, kwargs)
