@@ -2,7 +2,8 @@
 # The third-party route, end to end: install the project and examples/my_attention (a package of
 # its own declaring a te_conformance.adapters entry point) into the CI venv, then gate it from a
 # directory outside the checkout with `python -m reports run --impl my_attention`, twice: without
-# a baseline (must say FAIL and exit 2), then recording one (must say PASS and exit 0). Each time
+# a baseline (a first run: must say NO BASELINE and exit 0, every case having passed or skipped),
+# then recording one (must say PASS and exit 0). Each time
 # the printed verdict and the exit code must agree. ~1 min on 2 cores.
 #   usage: .ci/example_adapter.sh [PYTHON]   (default: .ci-venv/bin/python, else python3)
 set -euo pipefail
@@ -38,7 +39,7 @@ gate() {  # gate EXPECTED_VERDICT EXPECTED_EXIT [reports run arguments...]
     out/report.json
 }
 
-gate FAIL 2                       # no baseline yet: reports/baseline/cpu.my_attention.json
+gate "NO BASELINE" 0             # no baseline yet: reports/baseline/cpu.my_attention.json
 gate PASS 0 --update-baseline     # records it (every case passed or skipped with its reason)
 test -f reports/baseline/cpu.my_attention.json
 echo "example adapter: OK"

@@ -33,6 +33,10 @@ python -m suites.te_deviations >/tmp/te_deviations.txt
 
 # TE_SUITES: the suites run against TE here (docs/transformer_engine.md says why these)
 TE_SUITES=${TE_SUITES:-"suites/test_attention.py suites/test_semantics.py suites/test_dropout.py suites/test_compile.py"}
+python -m pytest -p no:cacheprovider -q tests/test_te_adapter.py
+# the report of the TE run (reports/latest/te/: its "TE deviations" section); no baseline gate:
+# the verdict is its test outcomes (an unexplained failure fails), and te_fast's own verdict
+# (python -m reports run) does not depend on TE being installed
 # shellcheck disable=SC2086
-python -m pytest --impl transformer_engine -m "not gpu" -p no:cacheprovider -n 2 -q -rfEX \
-  $TE_SUITES tests/test_te_adapter.py
+python -m reports run --impl transformer_engine --no-compare --out reports/latest/te \
+  -- -m "not gpu" -p no:cacheprovider -n 2 -q $TE_SUITES
