@@ -188,9 +188,8 @@ _PY = [
     ),
     Defect(
         "mask_host_sync", "cpu", "te_fast/attention.py",
-        "        masked = None\n        if call.lengths_q is not None:\n",
-        "        masked = None\n"
-        "        if call.lengths_q is not None and bool(\n"
+        "        elif call.lengths_q is not None:\n",
+        "        elif call.lengths_q is not None and bool(\n"
         "            (call.lengths_q < call.sq).any() | (call.lengths_kv < call.skv).any()\n"
         "        ):  # every sequence full: no padding mask to build\n",
         "the padding mask is skipped when no sequence is padded, read with a host sync (bool())",
@@ -199,9 +198,10 @@ _PY = [
     # ---------------------------------------------------------------- te_fast/_call.py
     Defect(
         "causal_window_right_unbounded", "cpu", "te_fast/_call.py",
-        "        right = 0\n    return left, right",
-        "    return left, right",
-        "a causal type with window (wl, -1) keeps the unbounded right side: no causal mask",
+        "                stacklevel=3,\n            )\n            return left, 0\n",
+        "                stacklevel=3,\n            )\n            return left, right\n",
+        "a causal type with window (wl, -1) or (-1, -1) keeps the given right side (TE makes it "
+        "0): no causal band",
         (ATTENTION,), k="causal and win",
     ),
     Defect(
