@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#srcs[@]} -ge 1 ] || { echo "gpu_ab: no BASE folder given" >&2; usage; }
-cd "$(dirname "$SELF")/.."
+cd "$(dirname "$SELF")/../.."
 PY=${PYTHON:-python3}
 builds=(A B)  # the build letters, and each one's csrc/ folder (B: none, the tree's)
 declare -A src=([A]=${srcs[0]})
