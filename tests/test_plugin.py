@@ -88,7 +88,8 @@ def test_module_class_route_runs_the_suites():
     """The example adapter named by module:Class (not installed, only importable)."""
     result = _pytest(
         ["-q", "--impl", "my_attention.adapter:MyAttentionAdapter", "suites/test_attention.py",
-         "-k", "test_core and (bshd_bshd_bshd-fp32-causal-cpu or thd_thd_thd-fp32-causal-cpu)"],
+         "-k", "test_core and (bshd_bshd_bshd-fp32-causal-cpu"
+         " or thd_thd_thd-fp32-padding_causal-cpu)"],
         ROOT, _child_env(EXAMPLE_SRC),
     )  # fmt: skip
     out = result.stdout + result.stderr

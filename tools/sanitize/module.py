@@ -26,6 +26,15 @@ from te_ref.layouts import ATTN_MASK_TYPES, LAYOUTS, parse_layout  # noqa: E402
 SMALL = dict(b=2, sq=9, skv=9, h=4, hg=4, d=16, dv=16)
 
 
+# the padding type a thd layout takes in place of each other type
+THD_MASK = {
+    "no_mask": "padding",
+    "causal": "padding_causal",
+    "causal_bottom_right": "padding_causal_bottom_right",
+    "arbitrary": "padding_causal",
+}
+
+
 def cases(reduced: bool) -> list[tuple[AttnCase, float, str | None]]:
     """(case, dropout, fp8 recipe name or None): every layout, each with mask types in turn
     (so that every family sees every mask type), then GQA/MQA, MLA, cross attention, sink
@@ -37,8 +46,8 @@ def cases(reduced: bool) -> list[tuple[AttnCase, float, str | None]]:
         thd = parse_layout(layout).q_format == "thd"
         for j in range(1 if reduced else 3):
             mask = masks[(i + j * 3) % len(masks)]
-            if thd and mask == "arbitrary":
-                mask = "padding_causal"
+            if thd:  # a thd q takes the padding types only (SPEC §1)
+                mask = THD_MASK.get(mask, mask)
             extra = 3 if thd and parse_layout(layout).kv_format != "thd" else 0
             varlen = ("zero_length", "trailing", "random")[j % 3] if thd else "random"
             out.append((AttnCase(layout, "bf16", mask, kv_cache_extra=extra, varlen=varlen,
@@ -65,7 +74,7 @@ def cases(reduced: bool) -> list[tuple[AttnCase, float, str | None]]:
                  alibi_slopes="bh", kv_cache_extra=5, **SMALL),
         AttnCase("bshd_bshd_bshd", "fp16", "padding_causal", window=(2, 0),
                  bottom_right_diagonal=True, **SMALL),
-        AttnCase("thd_thd_thd", "bf16", "causal_bottom_right", varlen="full", **SMALL),
+        AttnCase("thd_thd_thd", "bf16", "padding_causal_bottom_right", varlen="full", **SMALL),
     ]  # fmt: skip
     out += [(c, 0.0, None) for c in (more[::4] if reduced else more)]
     out.append((AttnCase("bshd_bshd_bshd", "bf16", "causal", **SMALL), 0.2, None))  # dropout
