@@ -127,38 +127,52 @@ TE_DEVIATION = re.compile(
     r"(?:reproducer:\s*(?P<repro>.*))?$",
     re.DOTALL,
 )
-TE_FALLBACK = "TE fallback: "
+TE_FALLBACK = re.compile(
+    r"^TE fallback:\s*(?P<title>.*?)\s*(?:\[TE (?P<where>[^\]]*)\])?\s*"
+    r"(?:reproducer:\s*(?P<repro>.*))?$",
+    re.DOTALL,
+)
+# a case that several deviations explain has their reasons joined ("; " or " | ")
+TE_PARTS = re.compile(r"\s*(?:;|\|)\s*(?=TE (?:deviation |fallback: ))")
+
+
+def te_deviations_of(case: dict) -> list[dict]:
+    """[{id, title, where, reproducer}] of the TE deviations and fallbacks that explain an
+    xfailed case (empty for any other case)."""
+    if case["outcome"] != "xfailed":
+        return []
+    reason = (case.get("skip_reason") or "").strip().removeprefix("reason: ").strip()
+    found = []
+    for part in TE_PARTS.split(reason):
+        m, fallback = TE_DEVIATION.match(part), TE_FALLBACK.match(part)
+        if m is None and fallback is None:
+            continue
+        m = m or fallback
+        found.append({
+            "id": "fallback" if fallback else m["id"], "title": m["title"],
+            "where": m["where"] or "-", "reproducer": (m["repro"] or "-").strip(),
+        })  # fmt: skip
+    return found
 
 
 def te_deviation(case: dict) -> dict | None:
-    """{id, title, where, reproducer} of an xfailed case a TE deviation or fallback explains."""
-    if case["outcome"] != "xfailed":
-        return None
-    reason = (case.get("skip_reason") or "").strip().removeprefix("reason: ").strip()
-    if m := TE_DEVIATION.match(reason):
-        return {"id": m["id"], "title": m["title"], "where": m["where"] or "-",
-                "reproducer": (m["repro"] or "-").strip()}  # fmt: skip
-    if reason.startswith(TE_FALLBACK):
-        what, _, repro = reason[len(TE_FALLBACK) :].partition(" reproducer: ")
-        return {"id": "fallback", "title": what.strip(), "where": "-",
-                "reproducer": repro.strip() or "-"}  # fmt: skip
-    return None
+    """The first TE deviation or fallback that explains an xfailed case, or None."""
+    found = te_deviations_of(case)
+    return found[0] if found else None
 
 
 def te_deviation_rows(report: dict) -> list[list]:
     """[id, title, TE source, cases, reproducer], one row per deviation (or fallback kind)."""
     groups: dict[tuple[str, str], dict] = {}
     for c in report["cases"]:
-        d = te_deviation(c)
-        if d is None:
-            continue
-        key = (d["id"], d["title"] if d["id"] == "fallback" else "")
-        g = groups.setdefault(key, {**d, "cases": 0})
-        g["cases"] += 1
+        for d in te_deviations_of(c):
+            key = (d["id"], d["title"] if d["id"] == "fallback" else "")
+            g = groups.setdefault(key, {**d, "cases": 0})
+            g["cases"] += 1
 
-    def order(key):  # D1, D2, ..., D10 in number order; fallbacks last
+    def order(key):  # D1, D2, ..., D10 in number order, then other ids; fallbacks last
         n = re.search(r"\d+", key[0])
-        return (key[0] == "fallback", int(n[0]) if n else 0, key)
+        return (key[0] == "fallback", not key[0].startswith("D"), int(n[0]) if n else 0, key)
 
     return [
         [g["id"], g["title"], g["where"], g["cases"], g["reproducer"]]
@@ -269,7 +283,7 @@ def tables(report: dict) -> list[Table]:
         )
     deviations = te_deviation_rows(report)
     if deviations:
-        explained = sum(row[3] for row in deviations)
+        explained = sum(1 for c in report["cases"] if te_deviations_of(c))  # a case once
         out.append(
             Table(
                 "TE deviations",

@@ -229,6 +229,24 @@ def test_te_deviations_are_grouped_in_their_own_section():
     assert "TE deviations" not in render_markdown(plain) + render_html(plain)
 
 
+def test_a_case_several_deviations_explain_counts_for_each():
+    """suites/te_deviations joins the reasons of a case several deviations explain with '; ':
+    each deviation gets the case, the fallback's [TE lines] leave its title, and the intro
+    counts the case once."""
+    both = case("s/t.py::test_both", "xfailed", ratio=None)
+    both["skip_reason"] = DEVIATIONS[0] + "; TE fallback: rows uniform [TE utils.py:295] " + (
+        "reproducer: python -m suites.te_deviations fallback"
+    )
+    r = report(both)
+    table = next(t for t in tables(r) if t.title == "TE deviations")
+    assert table.rows == [
+        ["D1", "unbounded window side bounded by the wrong length", "utils.py:2068-2071", 1,
+         "python -m suites.te_deviations D1"],
+        ["fallback", "rows uniform", "utils.py:295", 1, "python -m suites.te_deviations fallback"],
+    ]  # fmt: skip
+    assert table.note.startswith("1 xfailed case(s)"), table.note
+
+
 # ---------------------------------------------------------------- run, end to end
 
 
