@@ -18,6 +18,7 @@ in eager mode too, after the same checks). On CUDA it calls the public function 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -25,6 +26,35 @@ from suites.adapters.base import Adapter
 
 CAUSAL_TYPES = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
 TOP_LEFT_TYPES = ("causal", "padding_causal")
+BOTTOM_RIGHT_TYPES = ("causal_bottom_right", "padding_causal_bottom_right")
+
+
+def _window(mask_type, causal, window_size):
+    """(left, right) as TE's check_set_window_size normalises window_size (SPEC §2.3): a causal
+    type takes (-1, 0) or (>= 0, 0) and turns (-1, -1) or (>= 0, any) into (left, 0) with a
+    warning; the other types take (-1, -1) or (>= 0, >= 0) and turn (-1, 0) into (-1, -1) with
+    a warning; anything else is refused."""
+    if window_size is None:
+        return (-1, 0) if causal else (-1, -1)
+    left, right = (int(w) for w in window_size)
+    if causal:
+        if right == 0 and left >= -1:
+            return left, 0
+        if left >= 0 or left == right == -1:
+            warnings.warn(
+                f"window_size should be (-1, 0) or (>=0, 0) for attn_mask_type={mask_type}",
+                stacklevel=3,
+            )
+            return left, 0
+    elif left >= 0 and right >= 0 or left == right == -1:
+        return left, right
+    elif left == -1 and right == 0:
+        warnings.warn(
+            f"window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type={mask_type}",
+            stacklevel=3,
+        )
+        return -1, -1
+    raise ValueError(f"window_size={window_size!r} is not valid for attn_mask_type={mask_type!r}")
 
 
 def default_alibi_slopes(h: int) -> list[float]:
@@ -48,9 +78,14 @@ class FlexAttention(Adapter):
         "validates_arguments": "the adapter translates valid cases only; flex_attention checks "
         "shapes, not TE's arguments",
         "capturable": "not claimed: the adapter reads thd sequence lengths on the host",
+        "traceable": "on the CPU the adapter calls flex's higher-order op itself (the public "
+        "function refuses backward there), and dynamo cannot trace that call from user code "
+        "(InternalTorchDynamoError: too many values to unpack); the compiled CUDA path is not "
+        "claimed either (thd lengths are read on the host)",
         "sync_free": "the adapter reads thd sequence lengths on the host (cu_seqlens.tolist())",
     }
     default = False
+    traceable = False
 
     def not_supported_reasons(self, case):
         reasons = super().not_supported_reasons(case)
@@ -113,22 +148,26 @@ class FlexDotProductAttention(torch.nn.Module):
             if qf == "thd":  # a kv cache: cu_seqlens_kv gives each sequence's filled length
                 lkv = cu_seqlens_kv.diff().long()
         sq, skv = qh.shape[2], kh.shape[2]
+        pad_q = pad_kv = None  # (b, s) True = padding: a padding mask masks what it marks
         if qf != "thd" and attn_mask_type.startswith("padding"):
             lq, lkv = _padding_lengths(attention_mask, cu_seqlens_q, cu_seqlens_kv, sq, skv)
+            if attention_mask is not None:  # left padding too (SPEC §2.3); lengths: alignment
+                pair = isinstance(attention_mask, (tuple, list))
+                mq, mkv = attention_mask if pair else (attention_mask, attention_mask)
+                pad_q, pad_kv = mq.reshape(b, sq), mkv.reshape(b, skv)
         if lq is None:
             lq = torch.full((b,), sq, dtype=torch.long, device=device)
         if lkv is None:
             lkv = torch.full((b,), skv, dtype=torch.long, device=device)
 
         causal = attn_mask_type in CAUSAL_TYPES
-        left, right = (-1, 0 if causal else -1) if window_size is None else window_size
-        if causal:
-            right = 0
-        bottom_right = (
-            attn_mask_type not in TOP_LEFT_TYPES
-            if bottom_right_diagonal is None
-            else bool(bottom_right_diagonal)
-        )
+        left, right = _window(attn_mask_type, causal, window_size)
+        if attn_mask_type in TOP_LEFT_TYPES:  # a causal type names its alignment (SPEC §2.3)
+            bottom_right = False
+        elif attn_mask_type in BOTTOM_RIGHT_TYPES or bottom_right_diagonal is None:
+            bottom_right = True
+        else:
+            bottom_right = bool(bottom_right_diagonal)
         diag = (lkv - lq) if bottom_right else torch.zeros_like(lq)  # (b,)
         arbitrary = attention_mask if attn_mask_type == "arbitrary" else None
         sink = self.softmax_type != "vanilla"
@@ -137,7 +176,11 @@ class FlexDotProductAttention(torch.nn.Module):
             vh = torch.cat([vh, vh.new_zeros(*vh.shape[:2], 1, vh.shape[3])], dim=2)
 
         def mask_mod(bi, hi, qi, ki):
-            keep = (qi < lq[bi]) & (ki < lkv[bi])
+            if pad_q is None:
+                keep = (qi < lq[bi]) & (ki < lkv[bi])
+            else:
+                kc = ki.clamp(max=skv - 1)  # the sink column (ki == skv) is kept below
+                keep = ~pad_q[bi, qi] & ~pad_kv[bi, kc]
             if right >= 0:
                 keep = keep & (ki <= qi + diag[bi] + right)
             if left >= 0:
