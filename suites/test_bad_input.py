@@ -255,6 +255,7 @@ def _module_problems(device):
         mask = torch.zeros(shape, dtype=torch.bool, device=device)
         mask[..., 0] = True
         return mask
+
     base = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
     thd = dict(qkv_layout="thd_thd_thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=3,
                max_seqlen_kv=3, attn_mask_type="padding")  # fmt: skip
