@@ -32,7 +32,7 @@ PY
 python -m suites.te_deviations >/tmp/te_deviations.txt
 
 # TE_SUITES: the suites run against TE here (docs/transformer_engine.md says why these)
-TE_SUITES=${TE_SUITES:-"suites/test_attention.py suites/test_semantics.py suites/test_dropout.py suites/test_compile.py"}
+TE_SUITES=${TE_SUITES:-"suites/test_attention.py suites/test_semantics.py suites/test_semantics_values.py suites/test_dropout.py suites/test_compile.py"}
 python -m pytest -p no:cacheprovider -q tests/test_te_adapter.py
 # the report of the TE run (reports/latest/te/: its "TE deviations" section); no baseline gate:
 # the verdict is its test outcomes (an unexplained failure fails), and te_fast's own verdict

@@ -40,6 +40,7 @@ IMPL_SUITES = (
     "suites/test_attention.py",
     "suites/test_compile.py",
     "suites/test_semantics.py",
+    "suites/test_semantics_values.py",
     "suites/test_dropout.py",
 )
 

@@ -18,6 +18,8 @@ import te_fast
 import te_ref
 from reports import record
 from suites import devices
+from suites.adapters import parametrize_per_adapter, require
+from suites.cases import AttnCase
 from suites.checks import contracts
 from suites.fuzz.checks import poisoned_rows
 from suites.op_cases import BAD_CU_SEQLENS, bad_op_calls, bad_op_values
@@ -248,6 +250,12 @@ def _module_problems(device):
     t, t2 = randn(5, 4, 8), randn(5, 2, 8)
     cu = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
     pad = torch.zeros(2, 1, 1, 5, dtype=torch.bool, device=device)
+
+    def bad_batch(*shape):  # a bool mask of this shape, one position masked
+        mask = torch.zeros(shape, dtype=torch.bool, device=device)
+        mask[..., 0] = True
+        return mask
+
     base = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="no_mask")
     thd = dict(qkv_layout="thd_thd_thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=3,
                max_seqlen_kv=3, attn_mask_type="padding")  # fmt: skip
@@ -351,6 +359,31 @@ def _module_problems(device):
         "arbitrary_shape": ({}, qkv, dict(base, attn_mask_type="arbitrary",
                             attention_mask=pad.expand(2, 1, 5, 5)[:, :, :, :4]), V,
                             r"does not broadcast to \[b, h, sq, skv\] = \[2, 4, 5, 5\]", True),
+        # a batch that is neither 1 nor b (3 for b = 2), for each argument with a batch axis
+        "arbitrary_mask_batch": ({}, qkv, dict(base, attn_mask_type="arbitrary",
+                                 attention_mask=bad_batch(3, 4, 5, 5)), V,
+                                 r"attention_mask of shape \(3, 4, 5, 5\) does not broadcast to "
+                                 r"\[b, h, sq, skv\] = \[2, 4, 5, 5\]", True),
+        "arbitrary_mask_batch_1h": ({}, qkv, dict(base, attn_mask_type="arbitrary",
+                                    attention_mask=bad_batch(3, 1, 5, 5)), V,
+                                    r"attention_mask of shape \(3, 1, 5, 5\) does not broadcast",
+                                    True),
+        "padding_mask_batch": ({}, qkv, dict(base, attn_mask_type="padding",
+                               attention_mask=bad_batch(3, 1, 1, 5)), V,
+                               r"padding attention_mask \(q\) must be bool \[2, 1, 1, 5\], got "
+                               r"\(3, 1, 1, 5\)", True),
+        "padding_kv_mask_batch": ({}, (q[:, :3], kv, kv),
+                                  dict(base, attn_mask_type="padding",
+                                       attention_mask=(pad[..., :3], bad_batch(3, 1, 1, 5))), V,
+                                  r"padding attention_mask \(kv\) must be bool \[2, 1, 1, 5\], "
+                                  r"got \(3, 1, 1, 5\)", True),
+        "bias_batch": ({}, qkv, dict(base, core_attention_bias_type="post_scale_bias",
+                       core_attention_bias=randn(3, 4, 5, 5)), V,
+                       r"core_attention_bias must have shape \[b\|1, h\|1, sq\|1, skv\] = "
+                       r"\[2\|1, 4\|1, 5\|1, 5\], got \(3, 4, 5, 5\)", True),
+        "slopes_batch": ({}, qkv, dict(base, core_attention_bias_type="alibi",
+                         alibi_slopes=randn(3, 4)), V,
+                         r"alibi_slopes must have shape \[4\] or \[2, 4\], got \(3, 4\)", True),
         "arbitrary_rank": ({}, qkv, dict(base, attn_mask_type="arbitrary",
                            attention_mask=pad[0, 0]), V, r"attention_mask must be 4-D, got "
                            r"\(1, 5\)", True),
@@ -449,6 +482,48 @@ def test_module_rule(problem, device_name):
         ref_kwargs = {n.lstrip("_"): a for n, a in ctor.items()}
         with pytest.raises(ValueError, match=message):
             te_ref.dot_product_attention(q, k, v, **ref_kwargs, **kwargs)
+
+
+def pytest_generate_tests(metafunc):
+    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
+    if per_adapter is not None:
+        parametrize_per_adapter(metafunc, per_adapter.kwargs)
+
+
+# the problems of _module_problems whose argument has a batch axis of 3 where b = 2
+BATCH_PROBLEMS = (
+    "arbitrary_mask_batch", "arbitrary_mask_batch_1h", "padding_mask_batch",
+    "padding_kv_mask_batch", "bias_batch", "slopes_batch",
+)  # fmt: skip
+
+
+@pytest.mark.per_adapter(problem=BATCH_PROBLEMS, device_name=DEVICES)
+def test_batch_neither_one_nor_b(adapter, problem, device_name):
+    """A mask, bias or alibi_slopes whose batch is neither 1 nor b (3 for b = 2) is refused by
+    every adapter that validates its arguments, whatever the rest of the call: a broadcast over
+    the batch would be silently wrong (SPEC §2.2-2.3 give the shapes [b|1, ...]; TE documents
+    the masks as [batch_size, ...]). test_module_rule checks te_fast's and te_ref's messages."""
+    record.case(impl=adapter.name, layout="bad_input", mask_type=f"batch:{problem}",
+                device=device_name)  # fmt: skip
+    device = devices.require(device_name, needs_te_fast=False)
+    reason = adapter.unavailable_reason(device_name)
+    if reason:
+        pytest.skip(reason)
+    require(adapter, "validates_arguments")
+    _, (q, k, v), kwargs, _, _, _ = _module_problems(device)[problem]
+    mask_type = kwargs["attn_mask_type"]
+    case = AttnCase(
+        "bshd_bshd_bshd", "fp32", mask_type, device=device_name, b=2, sq=q.shape[1],
+        skv=k.shape[1], h=q.shape[2], hg=k.shape[2], d=q.shape[3], dv=v.shape[3],
+        bias_type=kwargs.get("core_attention_bias_type", "no_bias"),
+        alibi_slopes="bh" if "alibi_slopes" in kwargs else None,
+        padding_from="mask" if mask_type == "padding" else "cu_seqlens",
+    )  # fmt: skip
+    reasons = adapter.not_supported_reasons(case)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    with pytest.raises(adapter.argument_errors):
+        adapter.call(adapter.build(case, 0.35), case, q, k, v, dict(kwargs))
 
 
 def _raise_literals() -> list[tuple[str, str]]:

@@ -7,7 +7,8 @@ are typed by hand from SPEC §2.3 and docs/SEMANTICS.md, as grids of '1' (kept) 
 out), one row per query position i, one column per key position j: no formula of te_ref or
 te_fast is used to make them.
 
-How a mask is observed: q = 0 makes every score 0, so the softmax is uniform over the kept keys;
+How a mask is observed: q = 0 makes every score 0 (so does a softmax scale of exactly 0 with a
+random q: the bshd_scale0 variant), so the softmax is uniform over the kept keys;
 v = identity (dv = skv) makes each output row the probability row itself. A kept position then
 reads exactly 1/n (n kept in the row; 1/(n+1) with the off-by-one sink) and a masked one exactly
 0; a row with nothing kept is all 0 (SPEC §2.4, every path and dtype).
@@ -23,8 +24,8 @@ What is crossed:
 - variants reaching each code path of an implementation: bshd (te_fast hands causal types
   without a window to its causal kernels), sbhd with return_max_logit (explicit masks), padding
   lengths from attention_mask, the off-by-one sink softmax, thd and thd q with a bshd kv cache
-  (lengths for every mask type), FP8; arbitrary masks per head [b, h, ...], per batch [1, 1, ...]
-  and [1, h, ...];
+  (lengths for every mask type), FP8, softmax_scale 0 with a random q; arbitrary masks per head
+  [b, h, ...], per batch [1, 1, ...] and [1, h, ...];
 - fp32, bf16 and fp16 (te_fast's kernels and GEMMs differ by dtype), on CPU and (marked gpu) on
   CUDA, through every selected adapter (--impl), and te_ref directly (float64 and the
   same-precision composite).
@@ -318,6 +319,9 @@ class Variant:
     softmax_type: str = "vanilla"
     max_logit: bool = False
     fp8: bool = False
+    # the softmax scale: 1 with q = 0; exactly 0 with a random q (scores 0 whatever q and k
+    # hold: TE 2.20.2 takes any float softmax_scale, dot_product_attention.py:943-947)
+    scale: float = 1.0
     user_mask: str | None = "bh"  # arbitrary mask shape: "bh", "11", "1h"; None: no arbitrary
     mask_types: tuple[str, ...] = tuple(MASK_TYPES)
     dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16")
@@ -341,6 +345,7 @@ VARIANTS = {
     "thd_kvcache": Variant("thd_bshd_bshd", always_lengths=True, user_mask=None,
                            mask_types=PADDING_TYPES),
     "bshd_fp8": Variant("bshd_bshd_bshd", fp8=True, dtypes=("bf16",)),
+    "bshd_scale0": Variant("bshd_bshd_bshd", scale=0.0),
 }  # fmt: skip
 
 ROWS = [
@@ -387,7 +392,8 @@ def _identity_rows(lengths, skv, dtype, device):
 
 
 def _call_inputs(variant: Variant, mask_type: str, shape: str, dtype, device, lengths_apply):
-    """(q, k, v, forward kwargs, lengths_q): q = 0, k random, v = identity over key positions."""
+    """(q, k, v, forward kwargs, lengths_q): q = 0 (random at scale 0), k random, v = identity
+    over key positions."""
     sq, skv = SHAPES[shape]
     lq, lkv = _lengths(shape, lengths_apply)
     info = parse_layout(variant.layout)
@@ -403,12 +409,17 @@ def _call_inputs(variant: Variant, mask_type: str, shape: str, dtype, device, le
     def randn(*shape_):  # k requires grad: the forward a training step runs (autograd)
         return torch.randn(shape_, device=device).to(dtype).requires_grad_()
 
+    def q_fill(*shape_):  # scores of magnitude ~10, unless the scale makes them 0
+        if variant.scale:
+            return zeros(*shape_)
+        return (torch.randn(shape_, device=device) * 3).to(dtype)
+
     kwargs: dict = {"qkv_layout": variant.layout, "attn_mask_type": mask_type}
     if q_fmt == "thd":
-        q = zeros(sum(lq), H, D)
+        q = q_fill(sum(lq), H, D)
         kwargs.update(cu_seqlens_q=_cu(lq, device), max_seqlen_q=sq, cu_seqlens_kv=_cu(lkv, device))
     else:
-        q = padded(q_fmt, sq, D, zeros)
+        q = padded(q_fmt, sq, D, q_fill)
     if kv_fmt == "thd":
         k = randn(sum(lkv), H, D)
         v = _identity_rows(lkv, skv, dtype, device)
@@ -507,11 +518,11 @@ def _compare(p, rows, sink: int, tol: float) -> bool:
     return bool(((p - want).abs() <= tol * want)[keep].all())
 
 
-def _call(adapter, case, q, k, v, kwargs):
+def _call(adapter, case, q, k, v, kwargs, scale=1.0):
     """(out, the window warnings the call gave)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = adapter.call(adapter.build(case, 1.0), case, q, k, v, kwargs)[0]
+        out = adapter.call(adapter.build(case, scale), case, q, k, v, kwargs)[0]
     return out, [w for w in caught if "window_size should be" in str(w.message)]
 
 
@@ -538,13 +549,13 @@ def _check_one(adapter, variant, case, shape, device) -> tuple[list[str], set]:
     if outcome == "error":
         errors = adapter.argument_errors
         try:
-            _call(adapter, case, q, k, v, kwargs)
+            _call(adapter, case, q, k, v, kwargs, variant.scale)
         except errors:
             return [], set()
         except Exception as e:  # any other exception is a finding
             return [f"{where}: expected {errors}, got {type(e).__name__}: {e}"], set()
         return [f"{where}: expected an error (the window tables), the call returned"], set()
-    out, warned = _call(adapter, case, q, k, v, kwargs)
+    out, warned = _call(adapter, case, q, k, v, kwargs, variant.scale)
     failures = []
     if bool(warned) != (outcome == "warn"):
         said = f"warned {str(warned[0].message)!r}" if warned else "gave no warning"

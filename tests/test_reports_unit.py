@@ -393,9 +393,10 @@ def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, mon
     text = capsys.readouterr().out
     assert "no baseline at reports/baseline/h200.transformer_engine.json" in text, text
     assert "\nNO BASELINE\n" in text
-    assert commands[0][-9:] == ["--impl", "transformer_engine", "-n", "2", "--te-default-paths",
-                                "suites/test_attention.py", "suites/test_compile.py",
-                                "suites/test_semantics.py", "suites/test_dropout.py"]  # fmt: skip
+    assert commands[0][-10:] == ["--impl", "transformer_engine", "-n", "2", "--te-default-paths",
+                                 "suites/test_attention.py", "suites/test_compile.py",
+                                 "suites/test_semantics.py", "suites/test_semantics_values.py",
+                                 "suites/test_dropout.py"]  # fmt: skip
     main([*args, "--", "suites/test_attention.py::test_core", "-x"])
     assert commands[1][-4:] == ["--impl", "transformer_engine",
                                 "suites/test_attention.py::test_core", "-x"]  # fmt: skip

@@ -1,7 +1,9 @@
 """Planted defects for the mutation harness (python -m suites.mutation): what the suites must catch.
 
 Each defect is one exact text replacement in te_fast (Python, the shared C++ of csrc/, or the CUDA
-backend of csrc/cuda/), written the way a kernel author might get it wrong on a bad day. Its old
+backend of csrc/cuda/), written the way a kernel author might get it wrong on a bad day; a few are
+in te_ref, the judge, where a misreading could be shared with te_fast (the literal tables of
+suites/test_semantics*.py catch those). Its old
 text must occur exactly once in its file (tests/test_mutation.py checks this against the tree, so
 an edit that moves the code breaks the test rather than the harness). ``device`` is where the
 defect shows: the shared C++ and Python run on the CPU, so their defects are judged by the CPU
@@ -66,6 +68,7 @@ FP8 = "suites/test_fp8.py"
 FUZZ = "suites/test_fuzz.py"
 BAD_INPUT = "suites/test_bad_input.py"
 LARGE_CPU = "suites/test_large_cpu.py"
+SEMANTICS_VALUES = "suites/test_semantics_values.py"
 
 _PY = [
     # ---------------------------------------------------------------- the four known gaps
@@ -143,6 +146,23 @@ _PY = [
         "odd = torch.arange(2, 2 * (h - n) + 1, 2, device=device, dtype=torch.float32)",
         "default ALiBi slopes for a head count that is no power of 2 take even, not odd, terms",
         (ATTENTION, FUZZ), k="module or alibi",
+    ),
+    # The second slope series 2^(-8k/n) for 2^(-4k/n): in te_fast and te_ref at once it passed
+    # every case that compares the two; suites/test_semantics_values.py's literal slopes catch
+    # each half (a Defect edits one file, so the halves are two defects).
+    Defect(
+        "alibi_second_series_8k", "cpu", "te_fast/attention.py",
+        "slopes = torch.cat([slopes, torch.exp2(-4.0 * odd / n)])",
+        "slopes = torch.cat([slopes, torch.exp2(-8.0 * odd / n)])",
+        "default ALiBi slopes past a power of 2: second series 2^(-8k/n) for 2^(-4k/n)",
+        (SEMANTICS_VALUES,), k="alibi",
+    ),
+    Defect(
+        "te_ref_alibi_second_series_8k", "cpu", "te_ref/attention.py",
+        "slopes += [2.0 ** (-4.0 * k / n) for k in range(1, 2 * (num_heads - n), 2)]",
+        "slopes += [2.0 ** (-8.0 * k / n) for k in range(1, 2 * (num_heads - n), 2)]",
+        "te_ref (the judge): default ALiBi slopes' second series 2^(-8k/n) for 2^(-4k/n)",
+        (SEMANTICS_VALUES,), k="alibi",
     ),
     Defect(
         "sink_offset_detached", "cpu", "te_fast/attention.py",
