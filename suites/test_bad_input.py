@@ -1,9 +1,13 @@
 """Bad input, nothing lost: every argument rule of the ops and of the module raises a
-ValueError/RuntimeError whose message names the argument and the form it expects; on CUDA, bad
-cu_seqlens values raise the CPU's message under TE_FAST_DEBUG_CHECKS=1 and are NaN-poisoned
-without a host sync otherwise. Two meta-tests hold the tables complete: every check in
-csrc/checks.h and every raise in te_fast's Python must be hit by a case here (or in
-suites/op_cases.py's tables)."""
+ValueError/RuntimeError whose message names the argument, the form it expects and what it got
+(dtype and shape for a tensor); on CUDA, bad cu_seqlens values raise the CPU's message under
+TE_FAST_DEBUG_CHECKS=1 and are NaN-poisoned without a host sync otherwise. Two meta-tests hold
+the tables complete: every check in csrc/checks.h and every raise in te_fast's Python must be hit
+by a case here (or in suites/op_cases.py's tables).
+
+The ops are te_fast's; the module rules run through every selected adapter that declares
+`validates_arguments` (the others skip with their reason): the rules of the resolved call through
+the adapter's own build and call, te_fast's constructor, attribute and FP8 rules on te_fast."""
 
 from __future__ import annotations
 
@@ -28,6 +32,12 @@ from te_fast.fp8 import CurrentScaling, DelayedScaling
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICES = devices.device_params()
+
+
+def pytest_generate_tests(metafunc):
+    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
+    if per_adapter is not None:
+        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 def _record(what: str, device_name: str) -> None:
@@ -249,6 +259,7 @@ def _module_problems(device):
     q, kv = randn(2, 5, 4, 8), randn(2, 5, 2, 8)
     t, t2 = randn(5, 4, 8), randn(5, 2, 8)
     cu = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
+    cu2 = torch.tensor([0, 1, 5], dtype=torch.int32, device=device)  # lengths 1, 4
     pad = torch.zeros(2, 1, 1, 5, dtype=torch.bool, device=device)
 
     def bad_batch(*shape):  # a bool mask of this shape, one position masked
@@ -298,6 +309,11 @@ def _module_problems(device):
                   r"query heads \(4\) must be a multiple of key/value heads \(3\)", True),
         "dtypes": ({}, (q, kv.double(), kv.double()), base, V,
                    "query/key/value dtypes differ: torch.float32, torch.float64", True),
+        # te_fast takes its ops' three dtypes; te_ref float64 too (its golden answer's inputs)
+        "q_int64": ({}, (q.long(), kv.long(), kv.long()), base, V,
+                    r"query_layer must have dtype torch.float16, torch.bfloat16,? .*or "
+                    r"torch.float(32|64) \(key_layer and value_layer share it\), got torch.int64 "
+                    r"\(2, 5, 4, 8\)", True),
         "batches": ({}, (q, kv[:1], kv[:1]), base, V,
                     r"query batch \(2\) and key/value batch \(1\) differ", True),
         "needs_cu_q": ({}, (t, t2, t2), dict(thd, cu_seqlens_q=None), V,
@@ -326,6 +342,16 @@ def _module_problems(device):
                                 "max_seqlen_kv must be a non-negative plain int, got -1", True),
         "max_seqlen_tensor": ({}, (t, t2, t2), dict(thd, max_seqlen_q=torch.tensor(3)), V,
                               "max_seqlen_q must be a non-negative plain int, got tensor", True),
+        # a sequence longer than max_seqlen: the module names its argument, not the op
+        # (CUDA: under TE_FAST_DEBUG_CHECKS=1, VALUE_PROBLEMS)
+        "max_seqlen_q_short": ({}, (t, t2, t2), dict(thd, max_seqlen_q=2), V,
+                               r"max_seqlen_q must be at least the longest sequence of "
+                               r"cu_seqlens_q, got max_seqlen_q = 2 < 3, the length of sequence 0",
+                               True),
+        "max_seqlen_kv_short": ({}, (t, t2, t2), dict(thd, cu_seqlens_kv=cu2, max_seqlen_kv=3), V,
+                                r"max_seqlen_kv must be at least the longest sequence of "
+                                r"cu_seqlens_kv, got max_seqlen_kv = 3 < 4, the length of "
+                                r"sequence 1", True),
         "padding_no_lengths": ({}, qkv, dict(base, attn_mask_type="padding"), V,
                                "attn_mask_type='padding' needs the sequence lengths", True),
         "padding_cross_no_cu_kv": ({}, (q, kv[:, :3], kv[:, :3]),
@@ -345,17 +371,28 @@ def _module_problems(device):
                                 r"attention_mask for cross attention is a pair", True),
         "padding_mask_dtype": ({}, qkv, dict(base, attn_mask_type="padding",
                                attention_mask=pad.float()), V,
-                               r"padding attention_mask \(q\) must be bool \[2, 1, 1, 5\]", True),
+                               r"padding attention_mask \(q\) must be torch.bool \[2, 1, 1, 5\], "
+                               r"got torch.float32 \(2, 1, 1, 5\)", True),
+        "padding_mask_int32": ({}, qkv, dict(base, attn_mask_type="padding",
+                               attention_mask=pad.int()), V,
+                               r"padding attention_mask \(q\) must be torch.bool \[2, 1, 1, 5\], "
+                               r"got torch.int32 \(2, 1, 1, 5\)", True),
         "padding_mask_shape": ({}, qkv, dict(base, attn_mask_type="padding",
                                attention_mask=pad[..., :4]), V,
-                               r"padding attention_mask \(q\) must be bool \[2, 1, 1, 5\], got "
-                               r"\(2, 1, 1, 4\)", True),
+                               r"padding attention_mask \(q\) must be torch.bool \[2, 1, 1, 5\], "
+                               r"got torch.bool \(2, 1, 1, 4\)", True),
+        "padding_mask_not_tensor": ({}, qkv, dict(base, attn_mask_type="padding",
+                                    attention_mask=[[False] * 5] * 2), V,
+                                    r"padding attention_mask \(q\) must be torch.bool "
+                                    r"\[2, 1, 1, 5\], got list", True),
         "arbitrary_no_mask": ({}, qkv, dict(base, attn_mask_type="arbitrary"), V,
                               "attn_mask_type='arbitrary' needs attention_mask: a bool tensor",
                               True),
         "arbitrary_float_mask": ({}, qkv, dict(base, attn_mask_type="arbitrary",
                                  attention_mask=torch.zeros(2, 4, 5, 5, device=device)), V,
-                                 "needs attention_mask: a bool tensor, True = masked", True),
+                                 r"attention_mask for attn_mask_type='arbitrary' must be "
+                                 r"torch.bool \(True = masked\), got torch.float32 "
+                                 r"\(2, 4, 5, 5\)", True),
         "arbitrary_shape": ({}, qkv, dict(base, attn_mask_type="arbitrary",
                             attention_mask=pad.expand(2, 1, 5, 5)[:, :, :, :4]), V,
                             r"does not broadcast to \[b, h, sq, skv\] = \[2, 4, 5, 5\]", True),
@@ -400,6 +437,13 @@ def _module_problems(device):
                        core_attention_bias=randn(2, 4, 5, 4)), V,
                        r"core_attention_bias must have shape \[b\|1, h\|1, sq\|1, skv\] = "
                        r"\[2\|1, 4\|1, 5\|1, 5\], got \(2, 4, 5, 4\)", True),
+        # TE's fused attention: "attn_bias tensor must have the same dtype as q and kv"
+        # (cpp_extensions/fused_attn.py:340-344); its unfused path casts or fails (SEMANTICS.md)
+        "bias_dtype": ({}, (q.half(), kv.half(), kv.half()),
+                       dict(base, core_attention_bias_type="post_scale_bias",
+                            core_attention_bias=randn(1, 4, 5, 5)), V,
+                       r"core_attention_bias must have the dtype of query_layer, torch.float16, "
+                       r"got torch.float32 \(1, 4, 5, 5\)", True),
         "bias_without_type": ({}, qkv, dict(base, core_attention_bias=randn(1, 1, 5, 5)), V,
                               "core_attention_bias given with core_attention_bias_type="
                               "'no_bias'", True),
@@ -450,6 +494,18 @@ def _module_problems(device):
 
 
 MODULE_PROBLEMS = list(_module_problems("meta"))
+# Rules on cu_seqlens values: checked by the conversion op, on CUDA only under
+# TE_FAST_DEBUG_CHECKS=1 (without it the rows are NaN-poisoned, with no host sync).
+VALUE_PROBLEMS = ("max_seqlen_q_short", "max_seqlen_kv_short")
+
+
+def _te_fast_only(problem: str) -> str | None:
+    """Why a problem cannot run through any adapter (None when it can): te_fast's constructor
+    arguments, attributes set after construction, its FP8 rules and the rules te_ref lacks."""
+    ctor, _, _, _, _, shared = _module_problems("meta")[problem]
+    if not shared or set(ctor) - {"softmax_type"}:
+        return "te_fast's own rule (its constructor, attributes or FP8), tested on te_fast alone"
+    return None
 
 
 def _module_call(problem, device):
@@ -467,14 +523,36 @@ def _module_call(problem, device):
     return call, exc, message
 
 
-@pytest.mark.parametrize("device_name", DEVICES)
-@pytest.mark.parametrize("problem", MODULE_PROBLEMS)
-def test_module_rule(problem, device_name):
-    """The module raises the rule's exception, with a message naming the argument and the form
-    it expects; te_ref raises the same message where it has the rule."""
-    _record(f"module:{problem}", device_name)
-    device = devices.require(device_name)
+def _adapter_call(adapter, problem, device):
+    """The problem's call through the adapter's build and call: the module's configuration from
+    an AttnCase, the bad part in the forward arguments."""
+    ctor, (q, k, v), kwargs, _, _, _ = _module_problems(device)[problem]
+    softmax_type = ctor.get("softmax_type", "vanilla")
+    case = AttnCase("bshd_bshd_bshd", "fp32", "no_mask", device=device.type, b=2, sq=5, skv=5,
+                    h=4, hg=2, d=8, dv=8, softmax_type=softmax_type)  # fmt: skip
+    return lambda: adapter.call(adapter.build(case, 0.35), case, q, k, v, dict(kwargs))
+
+
+@pytest.mark.per_adapter(problem=MODULE_PROBLEMS, device_name=DEVICES)
+def test_module_rule(adapter, problem, device_name, monkeypatch):
+    """The module raises the rule's exception, with a message naming the argument, the form it
+    expects and what it got; te_ref raises the same message where it has the rule. Through each
+    adapter that declares validates_arguments (te_fast's own rules on te_fast alone)."""
+    record.case(impl=adapter.name, layout="bad_input", mask_type=f"module:{problem}",
+                device=device_name)  # fmt: skip
+    require(adapter, "validates_arguments")
+    device = devices.require(device_name, needs_te_fast=adapter.name == "te_fast")
+    reason = adapter.unavailable_reason(device_name)
+    if reason:
+        pytest.skip(reason)
+    if problem in VALUE_PROBLEMS:
+        monkeypatch.setenv("TE_FAST_DEBUG_CHECKS", "1")
     fn, exc, message = _module_call(problem, device)
+    own = _te_fast_only(problem)
+    if own is None:
+        fn = _adapter_call(adapter, problem, device)
+    elif adapter.name != "te_fast":
+        pytest.skip(f"{adapter.name}: {own}")
     with pytest.raises(exc, match=message):
         fn()
     ctor, (q, k, v), kwargs, _, _, shared = _module_problems(device)[problem]

@@ -5,6 +5,10 @@ dropout, give the same bytes over 10 runs; with dropout, the same seed gives the
 Batch invariance (what inference engines need for reproducible sampling): a softmax row's
 output and its backward row are the same bytes alone, in a batch of one, or anywhere inside a
 small or a large batch, on every kernel path (suites/checks/invariance.py has the checks).
+
+The ops are te_fast's. The module tests run through every selected adapter: an adapter without
+the `deterministic` capability (on the device: `capability_devices`), or without `dropout` for
+the seeded-dropout test, skips with its reason, and so does a case it does not support.
 """
 
 from __future__ import annotations
@@ -15,11 +19,21 @@ import pytest
 
 from reports import record
 from suites import devices
+from suites.adapters import parametrize_per_adapter, require
+from suites.adapters.base import Adapter
 from suites.cases import AttnCase, sized
 from suites.checks import invariance
 from suites.op_cases import SOFTMAX_DTYPES, SOFTMAX_OPS
 
 DEVICES = devices.device_params()
+
+
+def pytest_generate_tests(metafunc):
+    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
+    if per_adapter is not None:
+        parametrize_per_adapter(metafunc, per_adapter.kwargs)
+
+
 VARIANTS = [
     pytest.param(op, kind, id=f"{op}-{kind}_mask" if kind else op)
     for op, spec in SOFTMAX_OPS.items()
@@ -79,20 +93,37 @@ def _module_case(case: AttnCase, device_name: str) -> AttnCase:
                  gqa=case.h // case.hg)  # fmt: skip
 
 
-@pytest.mark.parametrize("device_name", DEVICES)
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id.rsplit("-", 1)[0]) for c in MODULE_CASES])
-def test_module_determinism(case, device_name):
-    """UnfusedDotProductAttention without dropout: 10 forward+backward runs, identical bytes
+def _ready(adapter: Adapter, case: AttnCase, *capabilities: str):
+    """The device, once the adapter has the capabilities there and can run the case; else skip
+    with the reason."""
+    for capability in capabilities:
+        require(adapter, capability, case.device)
+    device = devices.require(case.device, needs_te_fast=adapter.name == "te_fast")
+    reasons = [adapter.unavailable_reason(case.device), *adapter.not_supported_reasons(case)]
+    reasons = [r for r in reasons if r]
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    return device
+
+
+MODULE_PARAMS = [pytest.param(c, id=c.id.rsplit("-", 1)[0]) for c in MODULE_CASES]
+
+
+@pytest.mark.per_adapter(case=MODULE_PARAMS, device_name=DEVICES)
+def test_module_determinism(adapter, case, device_name):
+    """The attention module without dropout: 10 forward+backward runs, identical bytes
     (output, max_logit, every gradient)."""
     case = _module_case(case, device_name)
-    record.case(impl="te_fast", **case.fields())
-    invariance.check_module_determinism(case, devices.require(device_name))
+    record.case(impl=adapter.name, **case.fields())
+    device = _ready(adapter, case, "deterministic")
+    invariance.check_module_determinism(case, device, adapter=adapter)
 
 
-@pytest.mark.parametrize("device_name", DEVICES)
-def test_module_dropout_same_seed(device_name):
+@pytest.mark.per_adapter(device_name=DEVICES)
+def test_module_dropout_same_seed(adapter, device_name):
     """With dropout 0.2 the same seed gives identical bytes (output and gradients) over 10 runs,
     and another seed a different output."""
     case = _module_case(AttnCase("bshd_bshd_bshd", "bf16", "causal"), device_name)
-    record.case(impl="te_fast", dropout=0.2, **case.fields())
-    invariance.check_dropout_seeded(case, devices.require(device_name))
+    record.case(impl=adapter.name, dropout=0.2, **case.fields())
+    device = _ready(adapter, case, "deterministic", "dropout")
+    invariance.check_dropout_seeded(case, device, adapter=adapter)

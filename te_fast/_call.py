@@ -11,6 +11,7 @@ hot path and inside torch.compile graphs, hence:
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import NamedTuple
 
@@ -43,6 +44,11 @@ _PADDING = ("padding", "padding_causal", "padding_causal_bottom_right")
 _CAUSAL = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
 _TOP_LEFT = ("causal", "padding_causal")  # always top-left (TE forces it)
 _BOTTOM_RIGHT = ("causal_bottom_right", "padding_causal_bottom_right")  # always bottom-right
+# The dtypes of query_layer/key_layer/value_layer: those of te_fast's softmax ops (SPEC §3).
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
+# The conversion op's own message for a sequence longer than max_seqlen (csrc/checks.h).
+_TOO_LONG = re.compile(r": sequence (\d+) has length (\d+) > max_seqlen = (\d+)")
 
 
 class Call(NamedTuple):
@@ -135,6 +141,11 @@ def resolve(
         raise _err(f"query heads ({h}) must be a multiple of key/value heads ({hg}) (GQA/MQA)")
     if q.dtype != k.dtype or k.dtype != v.dtype:
         raise _err(f"query/key/value dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in DTYPES:
+        raise _err(
+            f"query_layer must have dtype {_DTYPE_NAMES} (key_layer and value_layer share it), "
+            f"got {q.dtype} {tuple(qs)}"
+        )
 
     # ---- sequence lengths: "cu_seqlens", "mask" or None (every position is real)
     lengths_from = None
@@ -168,7 +179,7 @@ def resolve(
 
     # ---- bias, alibi slopes, softmax offset
     if bias is not None or bias_type != "no_bias" or alibi_slopes is not None:
-        _check_bias(bias_type, bias, alibi_slopes, bq, h, sq, skv)
+        _check_bias(bias_type, bias, alibi_slopes, bq, h, sq, skv, q.dtype)
     if softmax_type == "learnable" and softmax_offset is None and offset_parameter is None:
         raise _err(
             "softmax_type='learnable' needs softmax_offset ([h] or [1, h, 1, 1]); pass it or "
@@ -250,6 +261,22 @@ def _check_cu_seqlens(name, cu, b):
     return cu.shape[0] - 1
 
 
+def max_seqlen_error(error: RuntimeError, side: str) -> ValueError | None:
+    """The module's error for the conversion op's "sequence x has length n > max_seqlen = m"
+    on the thd tensors of ``side`` ("q" or "kv"): a ValueError naming the forward arguments
+    (max_seqlen_q/max_seqlen_kv and cu_seqlens_q/cu_seqlens_kv) and the values; None for any
+    other error. The op raises it on the CPU, and on CUDA under TE_FAST_DEBUG_CHECKS=1; the
+    module catches it only after the op failed, so the valid path pays nothing for it."""
+    found = _TOO_LONG.search(str(error))
+    if found is None:
+        return None
+    x, length, limit = found.groups()
+    return _err(
+        f"max_seqlen_{side} must be at least the longest sequence of cu_seqlens_{side}, got "
+        f"max_seqlen_{side} = {limit} < {length}, the length of sequence {x}"
+    )
+
+
 def _check_max_seqlen(name, value, what):
     if value is None:
         raise _err(f"{name} is required for the thd format of {what} (a plain int)")
@@ -295,15 +322,27 @@ def _check_padding_mask(mask, b, sq, skv):
             or m.dtype != torch.bool
             or tuple(m.shape) != (b, 1, 1, s)
         ):
-            shape = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
             raise _err(
-                f"padding attention_mask ({name}) must be bool [{b}, 1, 1, {s}], got {shape}"
+                f"padding attention_mask ({name}) must be torch.bool [{b}, 1, 1, {s}], "
+                f"got {_describe(m)}"
             )
 
 
+def _describe(t) -> str:
+    """A tensor argument as an error message shows what was received: dtype and shape."""
+    if isinstance(t, torch.Tensor):
+        return f"{t.dtype} {tuple(t.shape)}"
+    return type(t).__name__
+
+
 def _check_arbitrary_mask(mask, b, h, sq, skv):
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+    if mask is None:
         raise _err("attn_mask_type='arbitrary' needs attention_mask: a bool tensor, True = masked")
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise _err(
+            "attention_mask for attn_mask_type='arbitrary' must be torch.bool (True = masked), "
+            f"got {_describe(mask)}"
+        )
     try:
         torch.broadcast_shapes(tuple(mask.shape), (b, h, sq, skv))
     except RuntimeError:
@@ -315,11 +354,16 @@ def _check_arbitrary_mask(mask, b, h, sq, skv):
         raise _err(f"attention_mask must be 4-D, got {tuple(mask.shape)}")
 
 
-def _check_bias(bias_type, bias, alibi_slopes, b, h, sq, skv):
+def _check_bias(bias_type, bias, alibi_slopes, b, h, sq, skv, dtype):
     if bias_type == "pre_scale_bias" or bias_type == "post_scale_bias":
         if bias is None:
             raise _err(f"core_attention_bias_type={bias_type!r} needs core_attention_bias")
         shape = tuple(bias.shape)
+        if bias.dtype != dtype:  # TE's fused attention: the bias has q's dtype
+            raise _err(
+                f"core_attention_bias must have the dtype of query_layer, {dtype}, "
+                f"got {bias.dtype} {shape}"
+            )
         if not (
             len(shape) == 4
             and shape[0] in (1, b)

@@ -10,7 +10,7 @@ import torch
 from te_fast import _eager, ops
 from te_fast import fp8 as fp8_lib
 from te_fast._call import _PADDING as _PADDING_TYPES
-from te_fast._call import SOFTMAX_TYPES, Call, resolve
+from te_fast._call import SOFTMAX_TYPES, Call, max_seqlen_error, resolve
 
 __all__ = ["UnfusedDotProductAttention"]
 
@@ -24,20 +24,28 @@ DEFAULT_SCORE_CHUNK_BYTES = 256 << 20
 CORE_MIN_SCORE_BYTES = 64 << 20
 
 
-def _heads_first(t, fmt, cu_seqlens, b, s):
-    """Any format -> (b, h, s, d); thd goes through the te_fast conversion op."""
+def _heads_first(t, fmt, cu_seqlens, b, s, side):
+    """Any format -> (b, h, s, d); thd goes through the te_fast conversion op, whose error for a
+    sequence longer than s comes out naming the forward arguments of ``side`` ("q" or "kv")."""
     if fmt == "sbhd":
         return t.permute(1, 2, 0, 3)  # (s, b, h, d) -> (b, h, s, d)
     if fmt == "bshd":
         return t.permute(0, 2, 1, 3)  # (b, s, h, d) -> (b, h, s, d)
-    return ops.convert_thd_to_bshd(t, cu_seqlens, b, s).permute(0, 2, 1, 3)  # (b, h, s, d)
+    try:
+        bshd = ops.convert_thd_to_bshd(t, cu_seqlens, b, s)  # (b, s, h, d)
+    except RuntimeError as e:
+        error = max_seqlen_error(e, side)
+        if error is None:
+            raise
+        raise error from e
+    return bshd.permute(0, 2, 1, 3)  # (b, h, s, d)
 
 
 def _heads_first_qkv(call, q, k, v):
     """q (b, h, sq, dqk), k (b, hg, skv, dqk), v (b, hg, skv, dv)."""
-    qh = _heads_first(q, call.q_format, call.cu_seqlens_q, call.b, call.sq)
-    kh = _heads_first(k, call.kv_format, call.cu_seqlens_kv, call.b, call.skv)
-    vh = _heads_first(v, call.kv_format, call.cu_seqlens_kv, call.b, call.skv)
+    qh = _heads_first(q, call.q_format, call.cu_seqlens_q, call.b, call.sq, "q")
+    kh = _heads_first(k, call.kv_format, call.cu_seqlens_kv, call.b, call.skv, "kv")
+    vh = _heads_first(v, call.kv_format, call.cu_seqlens_kv, call.b, call.skv, "kv")
     return qh, kh, vh
 
 

@@ -15,6 +15,9 @@ import torch
 
 from te_ref.layouts import ATTN_MASK_TYPES, BIAS_TYPES, SOFTMAX_TYPES, Layout, parse_layout
 
+# query_layer/key_layer/value_layer dtypes: te_fast's three, and float64 (the golden answer's
+# inputs: the suites call the reference on float64 copies).
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CAUSAL_TYPES = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
 TOP_LEFT_TYPES = ("causal", "padding_causal")  # every other type aligns bottom-right by default
 
@@ -87,7 +90,9 @@ def resolve(
     lengths_from = _lengths_source(
         layout, attn_mask_type, attention_mask, cu_seqlens_q, cu_seqlens_kv, b, h, sq, skv
     )
-    _check_bias(core_attention_bias_type, core_attention_bias, alibi_slopes, b, h, sq, skv)
+    _check_bias(core_attention_bias_type, core_attention_bias, alibi_slopes, b, h, sq, skv,
+                q.dtype)  # fmt: skip
+    _check_sequences_fit(layout, q, k, cu_seqlens_q, cu_seqlens_kv, sq, skv)
     _check_softmax_offset(softmax_type, softmax_offset, h)
     window = _window(attn_mask_type, window_size)
     if cu_seqlens_kv is None:  # kv lengths default to the query's
@@ -159,6 +164,11 @@ def _check_qkv(layout: Layout, q, k, v) -> tuple[int, int, int, int]:
         raise _err(f"query heads ({h}) must be a multiple of key/value heads ({hg}) (GQA/MQA)")
     if not (q.dtype == k.dtype == v.dtype):
         raise _err(f"query/key/value dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in DTYPES:
+        raise _err(
+            "query_layer must have dtype torch.float16, torch.bfloat16, torch.float32 or "
+            f"torch.float64 (key_layer and value_layer share it), got {q.dtype} {tuple(q.shape)}"
+        )
     return h, hg, dqk, dv
 
 
@@ -209,6 +219,33 @@ def _check_cu_seqlens(name: str, cu, b: int | None) -> int:
     if b is not None and cu.shape[0] != b + 1:
         raise _err(f"{name} must have shape [b + 1] = [{b + 1}], got {tuple(cu.shape)}")
     return cu.shape[0] - 1
+
+
+def _check_sequences_fit(layout, q, k, cu_seqlens_q, cu_seqlens_kv, sq, skv):
+    """Each thd side's sequences fit its max_seqlen: the first sequence that breaks the
+    conversion's rule (SPEC §3), if it breaks it by its length, is an error naming
+    max_seqlen_q/max_seqlen_kv; the conversion reports the rule's other faults itself."""
+    sides = []
+    if layout.q_format == "thd":
+        sides.append(("q", cu_seqlens_q, sq, q.shape[0]))
+    if layout.kv_format == "thd":
+        sides.append(("kv", cu_seqlens_kv, skv, k.shape[0]))
+    for side, cu, limit, tokens in sides:
+        cu = cu.tolist()
+        if cu[0] != 0:
+            continue
+        for x in range(len(cu) - 1):
+            start, end = cu[x], cu[x + 1]
+            if end < start:
+                break
+            if end - start > limit:
+                raise _err(
+                    f"max_seqlen_{side} must be at least the longest sequence of "
+                    f"cu_seqlens_{side}, got max_seqlen_{side} = {limit} < {end - start}, the "
+                    f"length of sequence {x}"
+                )
+            if end > tokens:
+                break
 
 
 def _check_max_seqlen(name: str, value, what: str) -> int:
@@ -263,8 +300,14 @@ def _lengths_source(layout, mask_type, attention_mask, cu_seqlens_q, cu_seqlens_
 
 
 def _check_arbitrary_mask(mask, b, h, sq, skv):
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+    """A torch.bool tensor (TE's docstring: "Boolean tensor(s)"), broadcastable, 4-D."""
+    if mask is None:
         raise _err("attn_mask_type='arbitrary' needs attention_mask: a bool tensor, True = masked")
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise _err(
+            "attention_mask for attn_mask_type='arbitrary' must be torch.bool (True = masked), "
+            f"got {_received(mask)}"
+        )
     try:
         torch.broadcast_shapes(tuple(mask.shape), (b, h, sq, skv))
     except RuntimeError:
@@ -295,17 +338,29 @@ def _check_padding_mask(mask, b, sq, skv):
             or m.dtype != torch.bool
             or tuple(m.shape) != (b, 1, 1, s)
         ):
-            shape = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
             raise _err(
-                f"padding attention_mask ({name}) must be bool [{b}, 1, 1, {s}], got {shape}"
+                f"padding attention_mask ({name}) must be torch.bool [{b}, 1, 1, {s}], "
+                f"got {_received(m)}"
             )
 
 
-def _check_bias(bias_type, bias, alibi_slopes, b, h, sq, skv):
+def _received(t) -> str:
+    """What an error message shows of a tensor argument: its dtype and shape."""
+    return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _check_bias(bias_type, bias, alibi_slopes, b, h, sq, skv, dtype):
+    """The bias: q's dtype (TE 2.20.2's fused attention, cpp_extensions/fused_attn.py:340-344;
+    docs/SEMANTICS.md), shape [b|1, h|1, sq|1, skv]; alibi_slopes [h] or [b, h]."""
     if bias_type in ("pre_scale_bias", "post_scale_bias"):
         if bias is None:
             raise _err(f"core_attention_bias_type={bias_type!r} needs core_attention_bias")
         shape = tuple(bias.shape)
+        if bias.dtype != dtype:
+            raise _err(
+                f"core_attention_bias must have the dtype of query_layer, {dtype}, "
+                f"got {bias.dtype} {shape}"
+            )
         ok = (
             len(shape) == 4
             and shape[0] in (1, b)

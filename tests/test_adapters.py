@@ -34,6 +34,17 @@ def test_sdpa_lacks_dropout_and_validation_with_reasons():
     assert sdpa.lacks("validates_arguments").startswith("torch.sdpa lacks validates_arguments")
 
 
+def test_capability_on_a_device():
+    """capability_devices narrows a capability to device types; elsewhere it is lacking, with
+    why_not's reason."""
+    sdpa = ADAPTERS["torch.sdpa"]
+    assert sdpa.lacks("deterministic") is None and sdpa.lacks_on("deterministic", "cpu") is None
+    reason = sdpa.lacks_on("deterministic", "cuda")
+    assert reason.startswith("torch.sdpa lacks deterministic on cuda") and "cuDNN" in reason
+    assert ADAPTERS["te_fast"].lacks_on("deterministic", "cuda") is None
+    assert sdpa.lacks_on("dropout", "cpu") == sdpa.lacks("dropout")
+
+
 def test_unknown_capability_is_an_error():
     with pytest.raises(ValueError, match="unknown capability 'dropuot'"):
         ADAPTERS["te_fast"].lacks("dropuot")
@@ -69,8 +80,11 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[str, str | None]]:
         "-p", "selftest_adapters", "-q", "--te-report", str(out),
         *[a for name in impls for a in ("--impl", name)],
         "-k", "(test_dropout or test_invalid_arguments) and cpu "
-        "or test_compiled and cudagraph and selftest.uncapturable",
-        "suites/test_attention.py", "suites/test_compile.py",
+        "or test_compiled and cudagraph and selftest.uncapturable "
+        "or test_module_rule and cpu and (claims_validation or sdpa) "
+        "or test_module_dropout_same_seed and cpu",
+        "suites/test_attention.py", "suites/test_compile.py", "suites/test_bad_input.py",
+        "suites/test_determinism.py",
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
@@ -133,3 +147,39 @@ def test_cuda_graph_variants_skip_an_uncapturable_adapter(outcomes):
             "selftest.uncapturable lacks capturable (CUDA-graph capture: torch.compile "
             "mode='reduce-overhead', cudagraphs backend): declared so by the selftest"
         ), nodeid
+
+
+def _bad_input(problem: str, suffix: str) -> str:
+    return f"suites/test_bad_input.py::test_module_rule[{problem}-cpu{suffix}]"
+
+
+def test_bad_input_runs_through_adapters_that_validate(outcomes):
+    """test_bad_input's module rules: torch.sdpa skips with its reason; an adapter claiming
+    validates_arguments without checking fails every rule it is given (TypeErrors and silent
+    outputs are no ValueError naming the problem) and skips te_fast's own rules."""
+    from suites.test_bad_input import MODULE_PROBLEMS, _te_fast_only
+
+    claims = {p: outcomes[_bad_input(p, "-selftest.claims_validation")] for p in MODULE_PROBLEMS}
+    for problem, (outcome, reason) in claims.items():
+        if _te_fast_only(problem):
+            assert outcome == "skipped" and "te_fast's own rule" in reason, problem
+        else:
+            assert outcome == "failed", problem
+    assert sum(o == "failed" for o, _ in claims.values()) >= 50
+    for problem in MODULE_PROBLEMS:
+        outcome, reason = outcomes[_bad_input(problem, "-torch.sdpa")]
+        assert outcome == "skipped" and "lacks validates_arguments" in reason, problem
+
+
+def test_determinism_runs_through_adapters(outcomes):
+    """test_module_dropout_same_seed per adapter: te_fast keeps its id and passes, torch.sdpa
+    skips (no dropout), an adapter that ignores dropout fails (another seed, the same output)."""
+    got = {
+        name: outcomes[f"suites/test_determinism.py::test_module_dropout_same_seed[cpu{suffix}]"]
+        for name, suffix in (("te_fast", ""), ("sdpa", "-torch.sdpa"),
+                             ("ignores", "-selftest.ignores_dropout"),
+                             ("fixed", "-selftest.fixed_dropout"))
+    }  # fmt: skip
+    assert got["te_fast"][0] == "passed" and got["fixed"][0] == "passed"
+    assert got["sdpa"][0] == "skipped" and got["sdpa"][1].startswith("torch.sdpa lacks dropout")
+    assert got["ignores"][0] == "failed"

@@ -118,9 +118,10 @@ def selected(config, pool: dict[str, Adapter] | None = None) -> list[Adapter]:
     return list({a.name: a for a in adapters}.values())
 
 
-def require(adapter: Adapter, capability: str) -> None:
-    """Skip the running test, with the adapter's reason, unless it has ``capability``."""
-    reason = adapter.lacks(capability)
+def require(adapter: Adapter, capability: str, device: str | None = None) -> None:
+    """Skip the running test, with the adapter's reason, unless it has ``capability`` (on
+    ``device``, a device type, when given: ``Adapter.capability_devices``)."""
+    reason = adapter.lacks(capability) if device is None else adapter.lacks_on(capability, device)
     if reason:
         pytest.skip(reason)
 

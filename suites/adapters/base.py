@@ -22,6 +22,8 @@ CAPABILITIES = {
     "traceable": "torch.compile(fullgraph=True) traces the module (the CPU compile variants)",
     "capturable": "CUDA-graph capture: torch.compile mode='reduce-overhead', cudagraphs backend",
     "sync_free": "no host synchronisation in the non-FP8 forward and backward, SPEC §3",
+    "deterministic": "the same bytes from repeated forward and backward calls: without dropout, "
+    "and with dropout under one seed",
 }
 
 
@@ -54,7 +56,11 @@ class Adapter:
     traceable = True
     capturable = False
     sync_free = False
+    deterministic = False
     why_not: dict[str, str] = {}  # capability -> why this adapter lacks it (the skip reason)
+    # capability -> the only device types where the adapter has it (elsewhere a test that needs
+    # it skips with why_not[capability]); a capability not named here holds on every device.
+    capability_devices: dict[str, tuple[str, ...]] = {}
     why_unsupported: dict[str, str] = {}  # an unsupported device/dtype/layout/... value -> why
     default = True  # selected when no --impl is given
 
@@ -66,6 +72,17 @@ class Adapter:
             return None
         why = self.why_not.get(capability, "not declared by the adapter")
         return f"{self.name} lacks {capability} ({CAPABILITIES[capability]}): {why}"
+
+    def lacks_on(self, capability: str, device: str) -> str | None:
+        """Why the adapter cannot run a test that needs ``capability`` on ``device`` (a device
+        type, "cpu" or "cuda"); None when it can."""
+        reason = self.lacks(capability)
+        only = self.capability_devices.get(capability)
+        if reason is None and only is not None and device not in only:
+            why = self.why_not.get(capability, f"declared for {', '.join(only)} only")
+            what = CAPABILITIES[capability]
+            reason = f"{self.name} lacks {capability} on {device} ({what}): {why}"
+        return reason
 
     def not_supported_reasons(self, case: AttnCase) -> list[str]:
         """Why this adapter cannot run the case (empty when it can)."""

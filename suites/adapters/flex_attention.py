@@ -72,7 +72,13 @@ class FlexAttention(Adapter):
     name = "flex_attention"
     # dropout: flex_attention has none. validates_arguments: the adapter translates valid cases
     # only. capturable / sync_free: thd inputs are gathered with host-side lengths.
+    # deterministic: torch's dense math on the CPU (checked there); the compiled Triton kernel on
+    # CUDA was not run here, so not claimed there.
+    deterministic = True
+    capability_devices = {"deterministic": ("cpu",)}
     why_not = {
+        "deterministic": "not claimed on CUDA: the compiled Triton kernel's backward was not run "
+        "by this project",
         "dropout": "flex_attention has no attention dropout",
         "dropout_ctx": "flex_attention has no attention dropout (nor an RNG context)",
         "validates_arguments": "the adapter translates valid cases only; flex_attention checks "

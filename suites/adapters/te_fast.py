@@ -11,7 +11,7 @@ class TeFast(Adapter):
     """te_fast.UnfusedDotProductAttention, eager."""
 
     name = "te_fast"
-    dropout = dropout_ctx = validates_arguments = capturable = sync_free = True
+    dropout = dropout_ctx = validates_arguments = capturable = sync_free = deterministic = True
     supports_fp8 = True
 
     def unavailable_reason(self, device):

@@ -21,7 +21,13 @@ class TorchSdpa(Adapter):
     # claimed (torch's sdpa kernels are widely run under CUDA graphs); a GPU run with
     # --impl torch.sdpa checks it
     capturable = sync_free = True
+    # deterministic: on the CPU (checked there); not claimed on CUDA
+    deterministic = True
+    capability_devices = {"deterministic": ("cpu",)}
     why_not = {
+        "deterministic": "not claimed on CUDA: scaled_dot_product_attention's docstring warns "
+        "that with CUDA tensors 'this operator may select a nondeterministic algorithm' (cuDNN), "
+        "and the adapter leaves torch's backend choice and determinism settings alone",
         "dropout": "the adapter does not pass dropout_p to scaled_dot_product_attention",
         "dropout_ctx": "the adapter has no dropout (scaled_dot_product_attention takes no RNG "
         "context either)",

@@ -240,7 +240,10 @@ class TransformerEngine(Adapter):
         "q and the kv cache in different formats exist in TE only inside its KV cache "
         "(inference_params); DotProductAttention.forward takes one qkv_format",
     )
-    dropout = sync_free = True
+    # deterministic: the unfused backend is torch's baddbmm, softmax and bmm (no atomics; TE's
+    # NVTE_ALLOW_NONDETERMINISTIC_ALGO concerns the fused backends, switched off here); checked
+    # on the CPU stand-in, not on a GPU (no TE there)
+    dropout = sync_free = deterministic = True
     # TE checks its arguments with assert statements (its own messages); a few are ValueErrors
     argument_errors = (AssertionError, ValueError)
     why_not = {

@@ -231,6 +231,21 @@ _PY = [
         "the default softmax_scale is dv ** -0.5, not dqk ** -0.5 (differs for MLA)",
         (ATTENTION,), k="scale_default",
     ),
+    Defect(
+        "bias_dtype_unchecked", "cpu", "te_fast/_call.py",
+        "        if bias.dtype != dtype:  # TE's fused attention: the bias has q's dtype",
+        "        if False:  # TE's fused attention: the bias has q's dtype",
+        "an fp32 core_attention_bias with fp16 q/k/v is taken silently (cast to fp16)",
+        (BAD_INPUT,), k="bias_dtype",
+    ),
+    # ---------------------------------------------------------------- te_fast/attention.py
+    Defect(
+        "max_seqlen_error_names_q", "cpu", "te_fast/attention.py",
+        "        error = max_seqlen_error(e, side)",
+        '        error = max_seqlen_error(e, "q")',
+        "a kv sequence longer than max_seqlen_kv is reported as max_seqlen_q's fault",
+        (BAD_INPUT,), k="max_seqlen",
+    ),
     # ---------------------------------------------------------------- te_fast/_eager.py
     Defect(
         "core_backward_unscaled", "cpu", "te_fast/_eager.py",
