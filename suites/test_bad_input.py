@@ -407,13 +407,13 @@ def _module_problems(device):
                                     True),
         "padding_mask_batch": ({}, qkv, dict(base, attn_mask_type="padding",
                                attention_mask=bad_batch(3, 1, 1, 5)), V,
-                               r"padding attention_mask \(q\) must be bool \[2, 1, 1, 5\], got "
-                               r"\(3, 1, 1, 5\)", True),
+                               r"padding attention_mask \(q\) must be torch.bool \[2, 1, 1, 5\], "
+                               r"got torch.bool \(3, 1, 1, 5\)", True),
         "padding_kv_mask_batch": ({}, (q[:, :3], kv, kv),
                                   dict(base, attn_mask_type="padding",
                                        attention_mask=(pad[..., :3], bad_batch(3, 1, 1, 5))), V,
-                                  r"padding attention_mask \(kv\) must be bool \[2, 1, 1, 5\], "
-                                  r"got \(3, 1, 1, 5\)", True),
+                                  r"padding attention_mask \(kv\) must be torch.bool "
+                                  r"\[2, 1, 1, 5\], got torch.bool \(3, 1, 1, 5\)", True),
         "bias_batch": ({}, qkv, dict(base, core_attention_bias_type="post_scale_bias",
                        core_attention_bias=randn(3, 4, 5, 5)), V,
                        r"core_attention_bias must have shape \[b\|1, h\|1, sq\|1, skv\] = "
@@ -560,12 +560,6 @@ def test_module_rule(adapter, problem, device_name, monkeypatch):
         ref_kwargs = {n.lstrip("_"): a for n, a in ctor.items()}
         with pytest.raises(ValueError, match=message):
             te_ref.dot_product_attention(q, k, v, **ref_kwargs, **kwargs)
-
-
-def pytest_generate_tests(metafunc):
-    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
-    if per_adapter is not None:
-        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 # the problems of _module_problems whose argument has a batch axis of 3 where b = 2
