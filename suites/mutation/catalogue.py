@@ -262,15 +262,15 @@ _PY = [
     # ---------------------------------------------------------------- te_fast/fp8.py
     Defect(
         "fp8_history_newest_last", "cpu", "te_fast/fp8.py",
-        "        self.amax_history = torch.cat([amax.reshape(1), self.amax_history[:-1]])",
-        "        self.amax_history = torch.cat([self.amax_history[1:], amax.reshape(1)])",
+        "        history = torch.cat([amax.reshape(1), self.amax_history[:-1]])",
+        "        history = torch.cat([self.amax_history[1:], amax.reshape(1)])",
         "FP8 amax history rolls the wrong way (newest last; most_recent reads the oldest)",
         (FP8,),
     ),
     Defect(
         "fp8_margin_inverted", "cpu", "te_fast/fp8.py",
-        "            new = self.fmax / amax_h / 2.0**self.margin",
-        "            new = self.fmax / amax_h * 2.0**self.margin",
+        "        scale = torch.full_like(amax, self.fmax * 2.0**-self.margin) / amax",
+        "        scale = torch.full_like(amax, self.fmax * 2.0**self.margin) / amax",
         "FP8 delayed scaling multiplies by 2**margin instead of dividing",
         (FP8,),
     ),
