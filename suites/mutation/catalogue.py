@@ -281,6 +281,21 @@ _PY = [
         "FP8 dP uses current scaling under CurrentScaling (its amax is not known in time)",
         (FP8,),
     ),
+    Defect(
+        "fp8_amax_scaled_down", "cpu", "te_fast/fp8.py",
+        "        amax = torch.stack([t.detach().abs().amax().float() for t in tensors]).amax()\n",
+        "        amax = torch.stack([t.detach().abs().amax().float() for t in tensors]).amax()\n"
+        "        amax = amax * (1.0 if self.role == 'QKV' else 0.98)\n",
+        "FP8 amax x0.98 for every role but QKV: scales 2% too large, the largest values clip",
+        (FP8,),
+    ),
+    Defect(
+        "fp8_gqa_head_mapping", "cpu", "te_fast/fp8.py",
+        "t[:, :, None].expand(b, hg, h // hg, s, d).reshape(b, h, s, d)",
+        "t[:, None].expand(b, h // hg, hg, s, d).reshape(b, h, s, d)",
+        "FP8 with grouped heads: query head i reads kv head i % hg instead of i // (h // hg)",
+        (FP8,),
+    ),
 ]  # fmt: skip
 
 _CPP = [
