@@ -522,3 +522,14 @@ def test_fp8_argument_errors(device_name):
         module(q, k, v, **biased, fp8=True, fp8_meta={"recipe": DelayedScaling()})
     with pytest.raises(ValueError, match="amax_compute_algo"):
         DelayedScaling(amax_compute_algo="mean")
+    # te_ref's emulation rejects what it does not emulate, and bad recipes, alike
+    state = ref8.FP8State(ref8.DelayedScaling(), device)
+    with pytest.raises(NotImplementedError, match="core_attention_bias_type"):
+        ref8.fp8_dot_product_attention(q, k, v, None, softmax_scale=1.0, fp8_state=state,
+                                       **biased)  # fmt: skip
+    with pytest.raises(ValueError, match="amax_compute_algo"):
+        ref8.DelayedScaling(amax_compute_algo="mean")
+    with pytest.raises(ValueError, match="fp8_format"):
+        ref8.CurrentScaling(fp8_format="E3M4")
+    with pytest.raises(ValueError, match="recipe"):
+        ref8.FP8State("hybrid")

@@ -242,6 +242,12 @@ def fp8_dot_product_attention(
     input dtype (TE's are of the nominal-dtype tensors). The float64 lane quantizes with the
     same scales (see FP8Pass)."""
     call = resolve(q, k, v, qkv_layout=qkv_layout, softmax_scale=softmax_scale, **kwargs)
+    unsupported = [name for name, value, plain in (
+        ("core_attention_bias_type", call.bias_type, "no_bias"),
+        ("softmax_type", call.softmax_type, "vanilla"),
+    ) if value != plain]  # fmt: skip
+    if unsupported:
+        raise NotImplementedError(f"te_ref's FP8 emulation does not support {unsupported}")
     lp_dtype = q.dtype
     used: dict[str, tuple] = {}
 
