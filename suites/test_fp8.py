@@ -287,11 +287,12 @@ def _three_pass_inputs(a: float, g: float, device):
 
 @pytest.mark.parametrize("device_name", devices.device_params())
 @pytest.mark.parametrize("recipe_name", list(THREE_PASSES))
-def test_scaling_three_passes(recipe_name, device_name):
-    """Every role's amax, the scale each pass quantized with, the scale after it and the
-    history, over three passes whose amaxes are known by hand: literal values typed from TE's
-    formulas (THREE_PASSES), met exactly by te_fast and by te_ref's own state."""
-    _record(f"three_passes_{recipe_name}", device_name)
+def test_delayed_scaling_three_steps(recipe_name, device_name):
+    """Every role's amax, the scale each step quantized with, the scale after it and the
+    history, over three steps whose amaxes are known by hand: literal values typed from TE's
+    formulas (THREE_PASSES), met exactly by te_fast and by te_ref's own state. ``current``:
+    Float8CurrentScaling, under which S and dP stay delayed."""
+    _record(f"delayed_{recipe_name}", device_name)
     device = devices.require(device_name)
     fast_recipe, ref_recipe = THREE_PASS_RECIPES[recipe_name]
     table = THREE_PASSES[recipe_name]
