@@ -1,5 +1,7 @@
-"""FP8 emulation (SPEC §5): te_fast against te_ref's emulation, scaling state, formats,
-saturation, Float8Tensor, and the eager island under torch.compile."""
+"""FP8 emulation (SPEC §5): te_fast against te_ref's emulation run on its own (te_ref keeps its
+own scaling state, TE 2.20.2's recipes, over the same sequence of calls), the scaling state
+against literal values typed from TE's formulas, grouped heads, formats, saturation,
+Float8Tensor, and the eager island under torch.compile."""
 
 from __future__ import annotations
 
@@ -14,12 +16,21 @@ from reports import record
 from suites import devices
 from suites.cases import AttnCase, make_inputs, sized
 from suites.checks import contracts
-from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_ratio
+from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_ratio, floor
 from te_fast.fp8 import CurrentScaling, DelayedScaling, Float8Tensor, Format, make_state
 
 FP8_LAYOUTS = ("sbh3d", "bshd_bshd_bshd", "sbhd_sbhd_sbhd", "thd_thd_thd")
-RECIPES = {"delayed": DelayedScaling(amax_history_len=4), "current": CurrentScaling()}
+# te_fast's recipe and te_ref's: the same fields typed twice, neither derived from the other
+RECIPES = {
+    "delayed": (DelayedScaling(amax_history_len=4), ref8.DelayedScaling(amax_history_len=4)),
+    "current": (CurrentScaling(), ref8.CurrentScaling()),
+}
 ROLES = ("QKV", "S", "O", "dO", "dP", "dQKV")
+FORWARD_ROLES = ("QKV", "S", "O")
+# scale = max / amax is one fp32 division (TE's too): the amax a scale implies is off by at most
+# an fp32 rounding (2**-24 relative); twice that, with room
+FP32_DIVISION = 2.0**-22
+FLT_MAX = torch.finfo(torch.float32).max
 
 
 def _record(name, device_name, **fields):
@@ -27,10 +38,11 @@ def _record(name, device_name, **fields):
                 device=device_name, **fields)  # fmt: skip
 
 
-def _module(case: AttnCase):
+def _module(case: AttnCase, softmax_scale: float | None = None):
     from te_fast import UnfusedDotProductAttention
 
-    return UnfusedDotProductAttention(case.d**-0.5, attention_type=case.attention_type)
+    scale = case.d**-0.5 if softmax_scale is None else softmax_scale
+    return UnfusedDotProductAttention(scale, attention_type=case.attention_type)
 
 
 def _step(module, case, inputs, recipe, fp8=True):
@@ -42,12 +54,92 @@ def _step(module, case, inputs, recipe, fp8=True):
     return out.detach(), dict(zip(leaves, grads))
 
 
-def _case(layout, dtype, device_name):
+def _case(layout, dtype, device_name, gqa=1):
     mask = "padding_causal" if layout.startswith("thd") else "causal"
-    return sized(AttnCase(layout, dtype, mask, device=device_name))
+    return sized(AttnCase(layout, dtype, mask, device=device_name), gqa=gqa)
 
 
 # ----------------------------------------------------------------------------- end to end
+
+
+def _check_amax(name, got, want, bound):
+    """te_fast's amax of a role against te_ref's own, within ``bound``: the SPEC 6 bound of the
+    tensors it is the amax of (|max|x| - max|y|| <= max|x - y|: a tensor that passes the rule
+    has its amax within the bound)."""
+    err = abs(float(got) - float(want))
+    record.tensor(name, err, bound, err / bound, metric="fp8_amax")
+    assert err <= bound, (
+        f"{name}: te_fast's amax {float(got)!r} vs te_ref's own {float(want)!r}: |diff| "
+        f"{err:.3e} > bound {bound:.3e} (the SPEC 6 bound of the quantized tensors)"
+    )
+
+
+def _check_scale(name, got, want, want_amax, scaled_max, bound, exact):
+    """te_fast's scale against te_ref's own. Where te_ref's scale has no amax behind it (the
+    initial 1) or every amax so far was the same in both (``exact``), the scales must be equal;
+    else the amax te_fast's scale implies (scaled_max / scale) must be within ``bound`` (the
+    largest amax bound of the passes the scale can come from) of the amax te_ref's scale came
+    from, plus the fp32 rounding of the division."""
+    got = float(got)
+    if want_amax is None or exact:
+        err = abs(got - float(want))
+        record.tensor(name, err, 0.0, 0.0 if err == 0 else float("inf"), metric="fp8_scale")
+        assert err == 0, f"{name}: te_fast's scale {got!r} vs te_ref's own {float(want)!r}"
+        return
+    implied = scaled_max / got
+    tol = bound + FP32_DIVISION * float(want_amax)
+    err = abs(implied - float(want_amax))
+    record.tensor(name, err, tol, err / tol, metric="fp8_scale")
+    assert err <= tol, (
+        f"{name}: te_fast's scale {got!r} (implies amax {implied!r}) vs te_ref's own "
+        f"{float(want)!r} (from amax {float(want_amax)!r}): |diff| {err:.3e} > {tol:.3e}"
+    )
+
+
+def _max_diff(xs, ys) -> float:
+    return max((x.double() - y.double()).abs().max().item() for x, y in zip(xs, ys))
+
+
+def _judge_sequence(case, device, recipe_name, seed, steps=2):
+    """te_fast and te_ref each run ``steps`` passes (fresh values each), each with a scaling
+    state of its own. Every pass: each role's amax, the scale it quantized with and the next one
+    against te_ref's; the last pass: the output and the gradients by the error-ratio rule (te_ref's
+    float64 lane vs its same-precision lane, which quantize alike)."""
+    fast_recipe, ref_recipe = RECIPES[recipe_name]
+    rng = torch.Generator().manual_seed(seed)
+    base = make_inputs(case, device, rng)
+    module = _module(case)
+    state = ref8.FP8State(ref_recipe, device)
+    dtype = base.grad_out.dtype
+    bounds: dict[str, list[float]] = {r: [] for r in ROLES}
+    same_amaxes = dict.fromkeys(ROLES, True)  # every amax so far bit-equal to te_ref's
+    for step in range(steps):
+        inputs = base.with_fresh_values(rng)
+        out, grads = _step(module, case, inputs, fast_recipe)
+        fast = module.fp8_state
+        q, k, v, _ = inputs.views(inputs.leaves, case)
+        ref = ref8.fp8_dot_product_attention(
+            q, k, v, inputs.grad_out, softmax_scale=case.d**-0.5, fp8_state=state, **inputs.kwargs
+        )
+        for role in ROLES:
+            k_role = K_FORWARD if role in FORWARD_ROLES else K_BACKWARD
+            r = ref.steps[role]
+            bounds[role].append(k_role * _max_diff(r.tensors, r.tensors64) + floor(dtype))
+            where = f"{role}@{step}"
+            amax = fast[role].amax_history[0]
+            _check_amax(f"amax.{where}", amax, r.amax, bounds[role][-1])
+            exact_before = same_amaxes[role]
+            same_amaxes[role] &= bool(amax == r.amax)
+            scaled_max = state[role].scaled_max
+            _check_scale(f"scale_used.{where}", fast[role].last_scale, r.scale_used,
+                         r.scale_used_amax, scaled_max, max(bounds[role]),
+                         exact_before if state[role].delayed else same_amaxes[role])  # fmt: skip
+            _check_scale(f"scale_next.{where}", fast[role].scale, r.scale, r.scale_amax,
+                         scaled_max, max(bounds[role]), same_amaxes[role])  # fmt: skip
+    dq, dk, dv, _ = inputs.views(grads, case)
+    check_ratio("out", out, ref.out, ref.out_lp, K_FORWARD)
+    for name, g, g64, g_lp in zip(("dq", "dk", "dv"), (dq, dk, dv), ref.grads, ref.grads_lp):
+        check_ratio(name, g, g64, g_lp, K_BACKWARD)
 
 
 @pytest.mark.parametrize("device_name", devices.device_params())
@@ -55,62 +147,34 @@ def _case(layout, dtype, device_name):
 @pytest.mark.parametrize("dtype", ("bf16", "fp16"))
 @pytest.mark.parametrize("layout", FP8_LAYOUTS)
 def test_fp8_matches_reference_emulation(layout, dtype, recipe_name, device_name):
-    """te_fast's FP8 forward and backward against te_ref's emulation with the same scales
-    (error-ratio rule: te_ref in float64 between quantization points vs in the input dtype),
-    and the scaling state te_fast keeps against te_ref's update rule."""
+    """te_fast's FP8 forward and backward against te_ref's emulation run on its own (its own
+    scaling state from its own amaxes, TE's recipe rules) over the same two passes: every role's
+    amax and scales each pass, the output and gradients of the last by the error-ratio rule."""
     case = _case(layout, dtype, device_name)
     _record("emulation", device_name, layout=layout, dtype=dtype, mask_type=case.mask_type,
             recipe=recipe_name)  # fmt: skip
     device = devices.require(device_name)
-    recipe = RECIPES[recipe_name]
-    rng = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
-    base = make_inputs(case, device, rng)
-    module = _module(case)
-    _step(module, case, base.with_fresh_values(rng), recipe)  # warm-up: delayed scales now real
-    before = module.fp8_state
-    inputs = base.with_fresh_values(rng)
-    out, grads = _step(module, case, inputs, recipe)
-    after = module.fp8_state
-    scales = {r: after[r].last_scale for r in ROLES}
-    formats = {r: recipe.fp8_format.dtype(r) for r in ROLES}
+    _judge_sequence(case, device, recipe_name, zlib.crc32(case.id.encode()))
 
-    def reference(compute_dtype):
-        q, k, v, _ = inputs.views(inputs.leaves, case)
-        return ref8.fp8_dot_product_attention(
-            q, k, v, inputs.grad_out, softmax_scale=case.d**-0.5, scales=scales,
-            formats=formats, compute_dtype=compute_dtype, **inputs.kwargs,
-        )  # fmt: skip
 
-    out64, grads64, amax64 = reference(torch.float64)
-    out_lp, grads_lp, _ = reference(out.dtype)
-    dq, dk, dv, _ = inputs.views(grads, case)
-    check_ratio("out", out, out64, out_lp, K_FORWARD)
-    for name, g, g64, g_lp in zip(("dq", "dk", "dv"), (dq, dk, dv), grads64, grads_lp):
-        check_ratio(name, g, g64, g_lp, K_BACKWARD)
-
-    for role in ROLES:
-        st0, st1 = before[role], after[role]
-        amax = st1.amax_history[0]
-        assert torch.allclose(amax, amax64[role].float(), rtol=2**-5), (
-            f"{role}: recorded amax {amax.item()} vs reference {amax64[role].item()}"
-        )
-        if role in ("S", "dP") or recipe_name == "delayed":  # delayed: the pre-step scale
-            assert torch.equal(st1.last_scale, st0.scale), f"{role} did not use its delayed scale"
-            algo = getattr(recipe, "amax_compute_algo", "most_recent")
-            margin = getattr(recipe, "margin", 0)
-            hist, scale = ref8.update_delayed(
-                st0.amax_history, st0.scale, amax, formats[role], margin, algo
-            )
-            assert torch.equal(st1.amax_history, hist), f"{role}: history {st1.amax_history}"
-            assert torch.allclose(st1.scale, scale, rtol=1e-6), f"{role}: next scale"
-        else:  # current scaling: this tensor's own amax
-            assert torch.allclose(
-                st1.last_scale, ref8.current_scale(amax, formats[role]), rtol=1e-6
-            ), f"{role}: current scale"
-    # Q, K, V are the same tensors in both: their shared current scale must agree exactly
-    if recipe_name == "current":
-        expected = ref8.current_scale(amax64["QKV"].float(), formats["QKV"])
-        assert torch.equal(after["QKV"].last_scale, expected)
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("recipe_name", list(RECIPES))
+@pytest.mark.parametrize(
+    "layout,heads",
+    [("bshd_bshd_bshd", "gqa"), ("sbhd_sbhd_sbhd", "gqa"), ("thd_thd_thd", "gqa"),
+     ("bshd_bshd_bshd", "mqa")],
+)  # fmt: skip
+def test_fp8_grouped_heads(layout, heads, recipe_name, device_name):
+    """FP8 with grouped heads (h != hg): GQA (two query heads a kv head) on three layouts and MQA
+    (one kv head), judged as the end-to-end case is: query head i reads kv head i // (h / hg),
+    and a kv head's gradients sum over its query heads."""
+    h = sized(AttnCase(layout, "bf16", "causal", device=device_name)).h
+    case = _case(layout, "bf16", device_name, gqa=2 if heads == "gqa" else h)
+    assert 1 <= case.hg < case.h
+    _record("grouped_heads", device_name, layout=layout, dtype="bf16", mask_type=case.mask_type,
+            recipe=recipe_name, heads=heads)  # fmt: skip
+    device = devices.require(device_name)
+    _judge_sequence(case, device, recipe_name, zlib.crc32(case.id.encode()))
 
 
 @pytest.mark.parametrize("device_name", devices.device_params())
@@ -121,7 +185,7 @@ def test_fp8_close_to_f16(layout, recipe_name, device_name):
     case = _case(layout, "bf16", device_name)
     _record("rmse_vs_f16", device_name, layout=layout, dtype="bf16", recipe=recipe_name)
     device = devices.require(device_name)
-    recipe = RECIPES[recipe_name]
+    recipe = RECIPES[recipe_name][0]
     rng = torch.Generator().manual_seed(11)
     base = make_inputs(case, device, rng)
     module = _module(case)
@@ -140,33 +204,184 @@ def test_fp8_close_to_f16(layout, recipe_name, device_name):
 
 # ----------------------------------------------------------------------------- scaling details
 
+# Three passes (forward and backward) of a one-head, two-token, d = 1 causal call in bf16 with
+# softmax_scale 1, whose every amax is known by hand: q = 0, k = (a/2, 0), v = (a, 0) and
+# dO = (0, g), with a = 2, 8, 4 and g = 4, 2, 1 over the passes. Then:
+#   S = [[1, 0], [1/2, 1/2]]                amax 1 (every quantization of it below is exact)
+#   O = (v8, v8 / 2)                        amax v8 (v8, k8: v[0], k[0] after the QKV quantization,
+#                                           where a value times the scale saturates at 448)
+#   dP = [[0, 0], [d, -d]], d = g * v8 / 4  amax d (d8: d after the dP quantization)
+#   dQ = (0, d8 * k8), dK = 0, dV = (g/2, g/2)   amax max(d8 * k8, g/2)
+# Each role's tuple: (amax, the scale it quantized with, its scale after the pass) per pass.
+# Formats HYBRID: E4M3 (max 448) forward, E5M2 (max 57344) backward.
+#
+# DelayedScaling(margin=1, amax_history_len=2): scale = max / amax_h / 2, amax_h the larger of
+# the last two amaxes ("max") or the last ("most_recent"); the first pass quantizes with 1.
+#   QKV: scales 1, 448/2/2 = 112, 448/8/2 = 28 -> v8 = 2, min(8*112, 448)/112 = 4, 4 and
+#        k8 = 1, 4*112/112 = 4, 2; after pass 3: max(4, 8) -> 28, most_recent 4 -> 56
+#   O:   amax v8 = 2, 4, 4 -> 448/2/2 = 112, then 448/4/2 = 56
+#   dO:  amax 4, 2, 1 -> 57344/4/2 = 7168; then max(2, 4) -> 7168 | 2 -> 14336; then
+#        max(1, 2) -> 14336 | 1 -> 28672 (every g * scale is on the E5M2 grid: dO8 = g)
+#   dP:  d = 4*2/4 = 2, 2*4/4 = 2, 1*4/4 = 1 -> 14336, 14336, then 14336 | 28672
+#   dQKV: max(2*1, 2) = 2, max(2*4, 1) = 8, max(1*2, 1/2) = 2 -> 14336, 57344/8/2 = 3584,
+#        then max(2, 8) -> 3584 | 2 -> 14336
+# CurrentScaling: QKV, O, dO, dQKV scale = max / amax of the tensor itself; S and dP delayed
+# with a one-entry most_recent history and no margin.
+#   QKV: 448/2, 448/8, 448/4 = 224, 56, 112 -> v8 = a, k8 = a/2 (a * scale = 448 exactly)
+#   S:   1, then 448/1 = 448
+#   O:   amax v8 = 2, 8, 4
+#   dP:  d = 4*2/4 = 2, 2*8/4 = 4, 1*4/4 = 1; pass 2 quantizes 4 with 57344/2 = 28672:
+#        4 * 28672 saturates at 57344, d8 = 2; pass 3 scale 57344/4 = 14336
+#   dQKV: max(2*1, 2) = 2, max(2*4, 1) = 8, max(1*2, 1/2) = 2
+THREE_PASSES = {
+    "max": {
+        "QKV": ((2, 8, 4), (1, 112, 28), (112, 28, 28)),
+        "S": ((1, 1, 1), (1, 224, 224), (224, 224, 224)),
+        "O": ((2, 4, 4), (1, 112, 56), (112, 56, 56)),
+        "dO": ((4, 2, 1), (1, 7168, 7168), (7168, 7168, 14336)),
+        "dP": ((2, 2, 1), (1, 14336, 14336), (14336, 14336, 14336)),
+        "dQKV": ((2, 8, 2), (1, 14336, 3584), (14336, 3584, 3584)),
+    },
+    "most_recent": {
+        "QKV": ((2, 8, 4), (1, 112, 28), (112, 28, 56)),
+        "S": ((1, 1, 1), (1, 224, 224), (224, 224, 224)),
+        "O": ((2, 4, 4), (1, 112, 56), (112, 56, 56)),
+        "dO": ((4, 2, 1), (1, 7168, 14336), (7168, 14336, 28672)),
+        "dP": ((2, 2, 1), (1, 14336, 14336), (14336, 14336, 28672)),
+        "dQKV": ((2, 8, 2), (1, 14336, 3584), (14336, 3584, 14336)),
+    },
+    "current": {
+        "QKV": ((2, 8, 4), (224, 56, 112), (224, 56, 112)),
+        "S": ((1, 1, 1), (1, 448, 448), (448, 448, 448)),
+        "O": ((2, 8, 4), (224, 56, 112), (224, 56, 112)),
+        "dO": ((4, 2, 1), (14336, 28672, 57344), (14336, 28672, 57344)),
+        "dP": ((2, 4, 1), (1, 28672, 14336), (28672, 14336, 57344)),
+        "dQKV": ((2, 8, 2), (28672, 7168, 28672), (28672, 7168, 28672)),
+    },
+}
+THREE_PASS_RECIPES = {
+    "max": (
+        DelayedScaling(Format.HYBRID, margin=1, amax_history_len=2, amax_compute_algo="max"),
+        ref8.DelayedScaling(margin=1, fp8_format="HYBRID", amax_history_len=2,
+                            amax_compute_algo="max"),
+    ),
+    "most_recent": (
+        DelayedScaling(Format.HYBRID, margin=1, amax_history_len=2,
+                       amax_compute_algo="most_recent"),
+        ref8.DelayedScaling(margin=1, fp8_format="HYBRID", amax_history_len=2,
+                            amax_compute_algo="most_recent"),
+    ),
+    "current": (CurrentScaling(Format.HYBRID), ref8.CurrentScaling(fp8_format="HYBRID")),
+}  # fmt: skip
+
+
+def _three_pass_inputs(a: float, g: float, device):
+    def column(x0, x1):
+        return torch.tensor([x0, x1], dtype=torch.bfloat16, device=device)
+
+    q = column(0.0, 0.0).reshape(1, 2, 1, 1)
+    k = column(a / 2, 0.0).reshape(1, 2, 1, 1)
+    v = column(a, 0.0).reshape(1, 2, 1, 1)
+    return q, k, v, column(0.0, g).reshape(1, 2, 1)
+
 
 @pytest.mark.parametrize("device_name", devices.device_params())
-@pytest.mark.parametrize("algo", ("max", "most_recent"))
-def test_delayed_scaling_three_steps(algo, device_name):
-    """QKV amax 2, 8, 4 over three steps, history length 2, margin 1, E4M3 forward:
-    each step quantizes with the scale from the steps before it; the history rolls after use."""
-    _record(f"delayed_{algo}", device_name)
+@pytest.mark.parametrize("recipe_name", list(THREE_PASSES))
+def test_delayed_scaling_three_steps(recipe_name, device_name):
+    """Every role's amax, the scale each step quantized with, the scale after it and the
+    history, over three steps whose amaxes are known by hand: literal values typed from TE's
+    formulas (THREE_PASSES), met exactly by te_fast and by te_ref's own state. ``current``:
+    Float8CurrentScaling, under which S and dP stay delayed."""
+    _record(f"delayed_{recipe_name}", device_name)
     device = devices.require(device_name)
-    recipe = DelayedScaling(Format.HYBRID, margin=1, amax_history_len=2, amax_compute_algo=algo)
-    case = sized(AttnCase("bshd_bshd_bshd", "bf16", "causal", device=device_name))
-    module = _module(case)
-    expect_used = [1.0]
-    history: list[float] = [0.0, 0.0]
-    for amax in (2.0, 8.0, 4.0):
-        q = (torch.rand(case.b, case.sq, case.h, case.d, device=device) - 0.5).to(torch.bfloat16)
-        q[0, 0, 0, 0] = amax
-        module(q, q * 0.25, q * 0.5, qkv_layout="bshd_bshd_bshd", attn_mask_type="causal",
-               fp8=True, fp8_meta={"recipe": recipe})  # fmt: skip
-        st = module.fp8_state["QKV"]
-        history = [amax, history[0]]
-        chosen = max(history) if algo == "max" else history[0]
-        assert st.last_scale.item() == pytest.approx(expect_used[-1], rel=1e-6)
-        assert st.amax_history.tolist() == history
-        assert st.scale.item() == pytest.approx(448.0 / chosen / 2, rel=1e-6)
-        expect_used.append(448.0 / chosen / 2)
-    # after steps (2), (8, 2), (4, 8): "max" keeps 8, "most_recent" follows 4
-    assert expect_used[-1] == (448.0 / 8 / 2 if algo == "max" else 448.0 / 4 / 2)
+    fast_recipe, ref_recipe = THREE_PASS_RECIPES[recipe_name]
+    table = THREE_PASSES[recipe_name]
+    case = AttnCase("bshd_bshd_bshd", "bf16", "causal", device=device_name, b=1, sq=2, skv=2,
+                    h=1, hg=1, d=1, dv=1)  # fmt: skip
+    module = _module(case, softmax_scale=1.0)
+    state = ref8.FP8State(ref_recipe, device)
+    kwargs = dict(qkv_layout="bshd_bshd_bshd", attn_mask_type="causal")
+    for step, (a, g) in enumerate(zip((2.0, 8.0, 4.0), (4.0, 2.0, 1.0))):
+        q, k, v, grad_out = _three_pass_inputs(a, g, device)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = module(*leaves, **kwargs, fp8=True, fp8_meta={"recipe": fast_recipe})
+        torch.autograd.grad(out, leaves, grad_out)
+        for role in ROLES:
+            amaxes, used, after = table[role]
+            st = module.fp8_state[role]
+            where = f"te_fast {role} pass {step + 1}"
+            history = [amaxes[step], amaxes[step - 1] if step else 0.0][: len(st.amax_history)]
+            assert st.amax_history.tolist() == history, f"{where}: history {st.amax_history}"
+            assert st.last_scale.item() == used[step], f"{where}: quantized with {st.last_scale}"
+            assert st.scale.item() == after[step], f"{where}: scale after {st.scale}"
+        steps = ref8.fp8_dot_product_attention(
+            q, k, v, grad_out, softmax_scale=1.0, fp8_state=state, **kwargs
+        ).steps
+        for role in ROLES:
+            amaxes, used, after = table[role]
+            r = steps[role]
+            where = f"te_ref {role} pass {step + 1}"
+            got = (r.amax.item(), r.scale_used.item(), r.scale.item())
+            assert got == (amaxes[step], used[step], after[step]), where
+            if state[role].delayed:  # TE's layout: slot 0 zeroed, this pass's amax at the end
+                history = [0.0] + [amaxes[step]] * (len(r.amax_history) - 1)
+                assert r.amax_history.tolist() == history, f"{where}: history {r.amax_history}"
+
+
+# TE's update rule at its edges, one role (QKV, E4M3), history length 2, margin 0; each pass is
+# (the amax, the scale after it, te_fast's history newest first). A delayed pass whose amax is 0
+# leaves the state as it was (the fused update skips the roll, delayed_scaling.cu:186); an
+# amax_h that is inf keeps the scale; a scale past fp32's range is FLT_MAX (delayed_scaling.cu
+# 226-250); current scaling gives 1 for an amax of 0, inf or NaN (recipe_common.cuh:14-49). The
+# scale is one fp32 division (the kernels' "scaled_max / amax", recipe_common.cuh's __fdiv_rn).
+TINY = 2.0**-130  # an fp32 subnormal: 448 / TINY overflows fp32
+INF, NAN = float("inf"), float("nan")
+# 448 / 3 = 149.33... = 0x1.2aaaaa|aa...p+7: past fp32's 23 fraction bits come 0101... (below
+# half), so the one fp32 division of TE's kernels gives 0x1.2aaaaap+7; 448 * fl32(1/3) would
+# give 0x1.2aaaacp+7
+SCALE_3 = float.fromhex("0x1.2aaaaap+7")
+EDGES = {
+    "max": [
+        (8.0, 56.0, [8.0, 0.0]), (0.0, 56.0, [8.0, 0.0]), (4.0, 56.0, [4.0, 8.0]),
+        (INF, 56.0, [INF, 4.0]), (2.0, 56.0, [2.0, INF]), (1.0, 224.0, [1.0, 2.0]),
+        (TINY, 448.0, [TINY, 1.0]), (3.0, SCALE_3, [3.0, TINY]),
+    ],
+    "most_recent": [
+        (8.0, 56.0, [8.0, 0.0]), (0.0, 56.0, [8.0, 0.0]), (4.0, 112.0, [4.0, 8.0]),
+        (INF, 112.0, [INF, 4.0]), (2.0, 224.0, [2.0, INF]), (1.0, 448.0, [1.0, 2.0]),
+        (TINY, FLT_MAX, [TINY, 1.0]), (3.0, SCALE_3, [3.0, TINY]),
+    ],
+    "current": [(4.0, 112.0, None), (0.0, 1.0, None), (INF, 1.0, None), (NAN, 1.0, None),
+                (TINY, FLT_MAX, None), (2.0, 224.0, None), (3.0, SCALE_3, None)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("algo", list(EDGES))
+def test_scaling_edges(algo, device_name):
+    """TE's scaling rule where amax is 0, inf, NaN or tiny, and its one fp32 division (EDGES,
+    literal), for te_fast's and te_ref's state alike."""
+    _record(f"scaling_edges_{algo}", device_name)
+    device = devices.require(device_name)
+    if algo == "current":
+        fast_recipe, ref_recipe = CurrentScaling(Format.E4M3), ref8.CurrentScaling("E4M3")
+    else:
+        fast_recipe = DelayedScaling(Format.E4M3, amax_history_len=2, amax_compute_algo=algo)
+        ref_recipe = ref8.DelayedScaling(fp8_format="E4M3", amax_history_len=2,
+                                         amax_compute_algo=algo)  # fmt: skip
+    fast = make_state(fast_recipe, device)["QKV"]
+    ref = ref8.RoleScaling("QKV", ref_recipe, device)
+    for n, (amax, scale, history) in enumerate(EDGES[algo]):
+        x = torch.tensor([amax, -amax / 2, 0.0], device=device)
+        fast.fake_quant([x])
+        ref.scale_for(x.abs().max())
+        ref.record(x.abs().max())
+        ref.update()
+        where = f"pass {n + 1} (amax {amax})"
+        assert fast.scale.item() == scale, f"te_fast {where}: scale {fast.scale.item()!r}"
+        assert ref.scale.item() == scale, f"te_ref {where}: scale {ref.scale.item()!r}"
+        if history is not None:
+            assert fast.amax_history.tolist() == history, f"te_fast {where}: {fast.amax_history}"
 
 
 @pytest.mark.parametrize("device_name", devices.device_params())
@@ -308,3 +523,14 @@ def test_fp8_argument_errors(device_name):
         module(q, k, v, **biased, fp8=True, fp8_meta={"recipe": DelayedScaling()})
     with pytest.raises(ValueError, match="amax_compute_algo"):
         DelayedScaling(amax_compute_algo="mean")
+    # te_ref's emulation rejects what it does not emulate, and bad recipes, alike
+    state = ref8.FP8State(ref8.DelayedScaling(), device)
+    with pytest.raises(NotImplementedError, match="core_attention_bias_type"):
+        ref8.fp8_dot_product_attention(q, k, v, None, softmax_scale=1.0, fp8_state=state,
+                                       **biased)  # fmt: skip
+    with pytest.raises(ValueError, match="amax_compute_algo"):
+        ref8.DelayedScaling(amax_compute_algo="mean")
+    with pytest.raises(ValueError, match="fp8_format"):
+        ref8.CurrentScaling(fp8_format="E3M4")
+    with pytest.raises(ValueError, match="recipe"):
+        ref8.FP8State("hybrid")

@@ -40,6 +40,7 @@ import pytest
 import torch
 
 import te_ref
+import te_ref.fp8 as ref8
 from reports import record
 from suites import devices
 from suites.adapters import parametrize_per_adapter, require
@@ -642,6 +643,7 @@ class TeRef(Adapter):
     """te_ref.dot_product_attention as an adapter, in float64 or in the input dtype."""
 
     name = "te_ref"
+    supports_fp8 = True
 
     def __init__(self, compute: str):
         self.compute = compute
@@ -650,7 +652,14 @@ class TeRef(Adapter):
         compute = torch.float64 if self.compute == "float64" else DTYPES[case.dtype]
 
         class Reference(torch.nn.Module):
-            def forward(self, q, k, v, **kwargs):
+            def forward(self, q, k, v, fp8=False, fp8_meta=None, **kwargs):
+                if fp8:  # a fresh module: te_ref's own fresh scaling state
+                    state = ref8.FP8State(_ref_recipe(fp8_meta["recipe"]), q.device)
+                    run = ref8.fp8_dot_product_attention(
+                        q, k, v, None, softmax_scale=scale, fp8_state=state,
+                        attention_type=case.attention_type, **kwargs,
+                    )  # fmt: skip
+                    return run.out if compute == torch.float64 else run.out_lp
                 return te_ref.dot_product_attention(
                     q, k, v, softmax_scale=scale, softmax_type=case.softmax_type,
                     attention_type=case.attention_type, return_max_logit=case.return_max_logit,
@@ -660,12 +669,22 @@ class TeRef(Adapter):
         return Reference()
 
 
+def _ref_recipe(recipe):
+    """te_ref's recipe with the fields of the one _check_one hands an adapter (te_fast's)."""
+    if hasattr(recipe, "amax_history_len"):
+        return ref8.DelayedScaling(
+            margin=recipe.margin, fp8_format=recipe.fp8_format.value,
+            amax_history_len=recipe.amax_history_len, amax_compute_algo=recipe.amax_compute_algo,
+        )  # fmt: skip
+    return ref8.CurrentScaling(fp8_format=recipe.fp8_format.value)
+
+
 # te_ref's masks do not depend on the dtype: float64 (the golden answer) from fp32 inputs, and the
-# same-precision composite (the SPEC §6 bound's other side) in bf16.
+# same-precision composite (the SPEC §6 bound's other side) in bf16. Its FP8 emulation keeps a
+# scaling state of its own (te_ref/fp8.py): one fresh per call, as a fresh module's.
 TE_REF_ROWS = [
     pytest.param((name, mask, dtype, compute), id=f"{mask}-{name}-{dtype}-{compute}")
     for name, variant in VARIANTS.items()
-    if not variant.fp8  # te_ref's FP8 emulation takes its scales from the caller (test_fp8.py)
     for mask in variant.mask_types
     for dtype, compute in (("fp32", "float64"), ("bf16", "same_precision"))
 ]

@@ -20,6 +20,7 @@ ROLES = FORWARD_ROLES + BACKWARD_ROLES
 # quantized, so they use delayed scaling under every recipe.
 ALWAYS_DELAYED = ("S", "dP")
 _MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+_FLT_MAX = torch.finfo(torch.float32).max
 
 
 class Format(enum.Enum):
@@ -91,11 +92,18 @@ class _RoleState:
             self.scale.clone(), 1.0 / self.scale, self.amax_history.clone(), self.last_scale.clone()
         )
 
+    def _scale_from(self, amax, fallback):
+        """TE's kernels: (max * 2**-margin) / amax as one fp32 division (not max * (1/amax));
+        ``fallback`` where amax is 0 or not finite; FLT_MAX where the division overflows."""
+        scale = torch.full_like(amax, self.fmax * 2.0**-self.margin) / amax
+        scale = torch.where(torch.isinf(scale), torch.full_like(scale, _FLT_MAX), scale)
+        return torch.where(torch.isfinite(amax) & (amax > 0), scale, fallback)
+
     def fake_quant(self, tensors, keep_data: bool = False):
         """Quantize-dequantize tensors sharing this role's scale; then update the state."""
         amax = torch.stack([t.detach().abs().amax().float() for t in tensors]).amax()
         if self.current:
-            scale = torch.where(amax > 0, self.fmax / amax, torch.ones_like(amax))
+            scale = self._scale_from(amax, torch.ones_like(amax))
         else:
             scale = self.scale  # from the history before this step's amax is recorded
         scale_inv = 1.0 / scale
@@ -104,14 +112,18 @@ class _RoleState:
         ]
         outs = [(d.float() * scale_inv).to(t.dtype) for d, t in zip(datas, tensors)]
         self.last_scale = scale.detach().clone()
-        # the history rolls after use: newest first, the oldest falls out
-        self.amax_history = torch.cat([amax.reshape(1), self.amax_history[:-1]])
-        amax_h = self.amax_history.max() if self.algo == "max" else self.amax_history[0]
         if self.current:
             self.scale = self.last_scale
-        else:  # an amax of 0 keeps the previous scale
-            new = self.fmax / amax_h / 2.0**self.margin
-            self.scale = torch.where(amax_h > 0, new, self.scale)
+        # the history rolls after use: newest first, the oldest falls out; a step whose amax is
+        # 0 leaves history and scale as they were (TE's fused update skips it)
+        history = torch.cat([amax.reshape(1), self.amax_history[:-1]])
+        recorded = amax != 0
+        self.amax_history = torch.where(recorded, history, self.amax_history)
+        if not self.current:  # NaN entries do not count for "max" (TE's fmaxf)
+            window = torch.where(torch.isnan(self.amax_history), 0.0, self.amax_history)
+            amax_h = window.max() if self.algo == "max" else self.amax_history[0]
+            new = self._scale_from(amax_h, self.scale)
+            self.scale = torch.where(recorded, new, self.scale)
         if keep_data:
             return outs, datas, scale_inv
         return outs

@@ -297,15 +297,15 @@ _PY = [
     # ---------------------------------------------------------------- te_fast/fp8.py
     Defect(
         "fp8_history_newest_last", "cpu", "te_fast/fp8.py",
-        "        self.amax_history = torch.cat([amax.reshape(1), self.amax_history[:-1]])",
-        "        self.amax_history = torch.cat([self.amax_history[1:], amax.reshape(1)])",
+        "        history = torch.cat([amax.reshape(1), self.amax_history[:-1]])",
+        "        history = torch.cat([self.amax_history[1:], amax.reshape(1)])",
         "FP8 amax history rolls the wrong way (newest last; most_recent reads the oldest)",
         (FP8,),
     ),
     Defect(
         "fp8_margin_inverted", "cpu", "te_fast/fp8.py",
-        "            new = self.fmax / amax_h / 2.0**self.margin",
-        "            new = self.fmax / amax_h * 2.0**self.margin",
+        "        scale = torch.full_like(amax, self.fmax * 2.0**-self.margin) / amax",
+        "        scale = torch.full_like(amax, self.fmax * 2.0**self.margin) / amax",
         "FP8 delayed scaling multiplies by 2**margin instead of dividing",
         (FP8,),
     ),
@@ -314,6 +314,21 @@ _PY = [
         'ALWAYS_DELAYED = ("S", "dP")',
         'ALWAYS_DELAYED = ("S",)',
         "FP8 dP uses current scaling under CurrentScaling (its amax is not known in time)",
+        (FP8,),
+    ),
+    Defect(
+        "fp8_amax_scaled_down", "cpu", "te_fast/fp8.py",
+        "        amax = torch.stack([t.detach().abs().amax().float() for t in tensors]).amax()\n",
+        "        amax = torch.stack([t.detach().abs().amax().float() for t in tensors]).amax()\n"
+        "        amax = amax * (1.0 if self.role == 'QKV' else 0.98)\n",
+        "FP8 amax x0.98 for every role but QKV: scales 2% too large, the largest values clip",
+        (FP8,),
+    ),
+    Defect(
+        "fp8_gqa_head_mapping", "cpu", "te_fast/fp8.py",
+        "t[:, :, None].expand(b, hg, h // hg, s, d).reshape(b, h, s, d)",
+        "t[:, None].expand(b, h // hg, hg, s, d).reshape(b, h, s, d)",
+        "FP8 with grouped heads: query head i reads kv head i % hg instead of i // (h // hg)",
         (FP8,),
     ),
 ]  # fmt: skip
