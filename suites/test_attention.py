@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import collections
-import warnings
-import zlib
-from dataclasses import replace
-
 import pytest
 import torch
 
 import te_ref
 from reports import record
 from suites import devices
-from suites.adapters import ADAPTERS, Adapter, parametrize_per_adapter, require, selected
+from suites.adapters import Adapter, parametrize_per_adapter, require, selected
 from suites.cases import (
-    DTYPES,
     AttnCase,
     alibi_matrix,
     alignment_matrix,
     broad_matrix,
     core_matrix,
     default_scale_cases,
-    make_inputs,
     thd_inference_cases,
     varlen_cases,
 )
@@ -31,8 +24,7 @@ from suites.checks.attention import check_case, prepare, run_impl
 
 BROAD_COUNT = {"cpu": 60, "cuda": 160}
 
-# the module cases: every adapter, as they are
-MODULE_MATRICES = {
+MATRICES = {
     "core": lambda dev: core_matrix(dev),
     "broad": lambda dev: broad_matrix(dev, BROAD_COUNT[dev]),
     "thd_inference": lambda dev: thd_inference_cases(dev),
@@ -43,61 +35,9 @@ MODULE_MATRICES = {
 }
 
 
-def core_projection(case: AttnCase) -> AttnCase:
-    """The case as te_fast's eager core takes it (UnfusedDotProductAttention._core_plan: fp16 or
-    bf16, a vanilla softmax, no bias, no max_logit): fp32 in bf16, bias, sink softmax and
-    max_logit taken off; layout, mask, window, alignment, GQA/MQA/MLA, cross attention, padding
-    source, ragged lengths and sizes as they were."""
-    dtype = "bf16" if case.dtype == "fp32" else case.dtype
-    return replace(case, dtype=dtype, bias_type="no_bias", bias_shape=None, alibi_slopes=None,
-                   softmax_type="vanilla", offset_via="arg", return_max_logit=False)  # fmt: skip
-
-
-def eager_core_cases(device: str) -> list[AttnCase]:
-    """Every module matrix projected onto the eager core (core_projection), once per case id."""
-    cases: dict[str, AttnCase] = {}
-    for matrix in MODULE_MATRICES.values():
-        for case in matrix(device):
-            core = core_projection(case)
-            if not core.invalid_reason():
-                cases.setdefault(core.id, core)
-    return list(cases.values())
-
-
-def eager_core_head_cases(device: str) -> list[AttnCase]:
-    """The eager-core cases where heads differ in more than their data: per-head (arbitrary)
-    masks, and GQA/MQA (query heads sharing a kv head)."""
-    return [c for c in eager_core_cases(device) if c.mask_type == "arbitrary" or c.hg != c.h]
-
-
-# Scores of exactly te_fast's CORE_MIN_SCORE_BYTES (64 MiB, typed from its docstring) in bf16:
-# 2 x 4 x 2048 x 2048 elements x 2 bytes = 2^26 bytes. A padded batch (per-batch masks), GQA.
-THRESHOLD_BYTES = 64 << 20
-
-
-def eager_core_threshold_cases(device: str) -> list[AttnCase]:
-    case = AttnCase("bshd_bshd_bshd", "bf16", "padding_causal", device=device, b=2, sq=2048,
-                    skv=2048, h=4, hg=2, d=16, dv=16, padding_from="mask")  # fmt: skip
-    assert case.b * case.h * case.sq * case.skv * 2 == THRESHOLD_BYTES
-    return [case]
-
-
-# te_fast only: its eager core (the path of calls with >= 64 MiB of scores) on the module cases,
-# with the size threshold at 0 and the scores cut into slices of one batch element ("batch")
-# or one head ("heads"); and one call at the real threshold, at te_fast's own settings (None).
-CORE_MATRICES = {
-    "eager_core": (eager_core_cases, "batch"),
-    "eager_core_heads": (eager_core_head_cases, "heads"),
-    "eager_core_threshold": (eager_core_threshold_cases, None),
-}
-MATRICES = {**MODULE_MATRICES, **{name: cases for name, (cases, _) in CORE_MATRICES.items()}}
-
-
 def _matrix_params(config, matrix: str):
     params = []
     for adapter in selected(config):
-        if matrix in CORE_MATRICES and adapter.name != "te_fast":
-            continue
         for dev in devices.DEVICES:
             for case in MATRICES[matrix](dev):
                 marks = [pytest.mark.gpu] if dev == "cuda" else []
@@ -171,94 +111,6 @@ def test_alignment(adapter, case):
 def test_default_scale(adapter, case):
     """softmax_scale=None: the implementation's default is dqk ** -0.5 (MLA: dv != dqk)."""
     check_case(adapter, case)
-
-
-# ----------------------------------------------------------------------------- te_fast's eager core
-
-# The dispatch counter each split of the core's slices must move.
-CORE_SPLITS = {"batch": "core:batch_slices", "heads": "core:head_slices", None: "core:one_slice"}
-
-
-def core_settings(monkeypatch, case: AttnCase, split: str | None) -> collections.Counter:
-    """te_fast's module settings for ``case`` as its test runs it, through monkeypatch: for a
-    split (CORE_MATRICES), the core's size threshold at 0 and score_chunk_bytes at one batch
-    element's scores ("batch") or at 1 byte (one head a slice); None keeps te_fast's own. Returns
-    a fresh UnfusedDotProductAttention.dispatch_counts, installed for the test."""
-    from te_fast import UnfusedDotProductAttention as Module
-
-    if split is not None:
-        item = DTYPES[case.dtype].itemsize
-        element = case.h * case.sq * (case.skv + case.kv_cache_extra) * item  # the call's sq, skv
-        monkeypatch.setattr(Module, "core_min_score_bytes", 0)
-        monkeypatch.setattr(Module, "score_chunk_bytes", element if split == "batch" else 1)
-    counts: collections.Counter = collections.Counter()
-    monkeypatch.setattr(Module, "dispatch_counts", counts)
-    return counts
-
-
-def _check_on_the_core(adapter, case, matrix, monkeypatch):
-    split = CORE_MATRICES[matrix][1]
-    counts = core_settings(monkeypatch, case, split)
-    check_case(adapter, case)
-    ops = {p: n for p, n in counts.items() if p.startswith("ops:")}
-    assert counts[CORE_SPLITS[split]] == 1 and not ops, (
-        f"expected one forward down {CORE_SPLITS[split]}, got {dict(counts)}"
-    )
-
-
-@pytest.mark.matrix("eager_core")
-def test_eager_core(adapter, case, monkeypatch, one_thread):
-    """te_fast's chunked eager core on every module case it takes (core_projection of each
-    matrix), one batch element a slice (masks, lengths and data differ between them), judged as
-    every module case is."""
-    _check_on_the_core(adapter, case, "eager_core", monkeypatch)
-
-
-@pytest.mark.matrix("eager_core_heads")
-def test_eager_core_heads(adapter, case, monkeypatch, one_thread):
-    """The eager core one head a slice, on its cases with per-head masks or GQA/MQA."""
-    _check_on_the_core(adapter, case, "eager_core_heads", monkeypatch)
-
-
-@pytest.mark.matrix("eager_core_threshold")
-def test_eager_core_at_the_threshold(adapter, case, monkeypatch, one_thread):
-    """A call of exactly 64 MiB of scores at te_fast's own settings takes the eager core (one
-    slice: the default slice is 256 MiB), judged as every module case is (CPU: ~1.7 GiB
-    resident, ~5 s on one thread)."""
-    _check_on_the_core(adapter, case, "eager_core_threshold", monkeypatch)
-
-
-# Paths no matrix here takes, and the suite whose every case does.
-DISPATCH_ELSEWHERE = {"fp8": "suites/test_fp8.py (fp8=True)"}
-
-
-@pytest.mark.parametrize("device_name", devices.device_params())
-def test_every_dispatch_path_has_a_case(device_name, monkeypatch, one_thread):
-    """Every way UnfusedDotProductAttention's forward can go (te_fast.attention.DISPATCH_PATHS)
-    is taken by a case of the matrices above, by the module's own dispatch_counts: each case's
-    forward and backward run again here with its test's settings, unjudged (~4 s on the CPU). A
-    path no case takes fails here, by name."""
-    from te_fast.attention import DISPATCH_PATHS
-
-    adapter = ADAPTERS["te_fast"]
-    device = devices.require(device_name)
-    assert set(DISPATCH_ELSEWHERE) <= set(DISPATCH_PATHS)
-    total: collections.Counter = collections.Counter()
-    for matrix, cases in MATRICES.items():
-        split = CORE_MATRICES[matrix][1] if matrix in CORE_MATRICES else None
-        for case in cases(device_name):
-            if case.invalid_reason() or adapter.not_supported_reasons(case):
-                continue
-            with monkeypatch.context() as patch, warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the matrices' coerced windows warn
-                counts = core_settings(patch, case, split)
-                rng = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
-                inputs = make_inputs(case, device, rng)
-                module = adapter.build(case, None if case.default_scale else case.d**-0.5)
-                run_impl(adapter, module, case, inputs)
-            total.update(counts)
-    missing = [p for p in DISPATCH_PATHS if not total[p] and p not in DISPATCH_ELSEWHERE]
-    assert not missing, f"no case takes {missing}; counts: {dict(total)}"
 
 
 # ----------------------------------------------------------------------------- dropout

@@ -231,7 +231,7 @@ _PY = [
         "        p = scores_softmax(softmax, scores, _take(mask, axis, lo, hi), scale)",
         "        p = scores_softmax(softmax, scores, _take(mask, axis, 0, hi - lo), scale)",
         "the eager core reads the first slice's mask for every slice (batch 0's for each element)",
-        (ATTENTION,), k="eager_core",
+        ("suites/test_dispatch_paths.py",), k="eager_core",
     ),
     # ---------------------------------------------------------------- te_fast/ops.py
     Defect(
