@@ -40,6 +40,27 @@ def test_catches_aliased_output(device_name):
         contracts.assert_fresh_storage([x[1:]], [x])
 
 
+@pytest.mark.parametrize("device_name", devices.device_params())
+def test_catches_unwritten_output(device_name):
+    """An op that leaves its last row as allocated fails the fully-written check (the poison is
+    NaN there), and so does an output whose buffer the poison never reached (a workspace made
+    before the check: the check would be void), while the whole softmax passes."""
+    _record("last_row_unwritten", device_name)
+    device = devices.require(device_name, needs_te_fast=False)
+    x = torch.randn(5, 33, device=device)
+    expected = torch.softmax(x, -1)
+    contracts.assert_fully_written("whole", lambda: torch.empty_like(x).copy_(expected), expected)
+    with pytest.raises(AssertionError, match="33 of 165 output elements were left unwritten"):
+        contracts.assert_fully_written(
+            "last_row_unwritten", lambda: broken_ops.last_row_unwritten(x), expected
+        )
+    workspace = torch.empty_like(x)
+    with pytest.raises(AssertionError, match="poison was not seen"):
+        contracts.assert_fully_written(
+            "workspace", lambda: torch.mul(expected, 1.0, out=workspace), expected
+        )
+
+
 _CAPTURE_PROGRAM = """
 import torch
 from suites.checks import broken_ops

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from types import MappingProxyType
 
@@ -22,6 +23,17 @@ DEFAULT_SCORE_CHUNK_BYTES = 256 << 20
 # slower; at b16 h32 s2048 d128, 4 GiB of scores, it was ~10% faster with less than half the
 # peak extra memory: the measurements are in docs/performance.md).
 CORE_MIN_SCORE_BYTES = 64 << 20
+
+# The ways a forward goes, counted per plain eager call in UnfusedDotProductAttention.
+# dispatch_counts (traces are not counted: a compiled graph runs what its trace chose). The
+# suites check that every path has a case (suites/test_attention.py).
+DISPATCH_PATHS = (
+    "fp8",  # the FP8 eager island
+    *(f"ops:{kind}" for kind in _eager.SOFTMAX_KINDS),  # whole-tensor ops, by vanilla softmax op
+    "ops:sink",  # off-by-one / learnable: the plain or masked op on one more column, in fp32
+    *(f"core:{kind}" for kind in _eager.SOFTMAX_KINDS),  # the eager core, by softmax op
+    "core:one_slice", "core:batch_slices", "core:head_slices",  # and by its slices
+)  # fmt: skip
 
 
 def _heads_first(t, fmt, cu_seqlens, b, s, side):
@@ -98,6 +110,9 @@ class UnfusedDotProductAttention(torch.nn.Module):
 
     score_chunk_bytes: int | None = DEFAULT_SCORE_CHUNK_BYTES
     core_min_score_bytes: int = CORE_MIN_SCORE_BYTES  # (tests set it to 0)
+    # DISPATCH_PATHS -> plain eager forwards that took it, over every module (shared, never reset
+    # here; the suites replace it with a fresh Counter to count their own calls)
+    dispatch_counts: collections.Counter = collections.Counter()
 
     def __init__(
         self,
@@ -181,6 +196,14 @@ class UnfusedDotProductAttention(torch.nn.Module):
             )
         return self._attention(call, query_layer, key_layer, value_layer)
 
+    def _count(self, *paths: str) -> None:
+        """One more plain eager forward down each of ``paths`` (DISPATCH_PATHS); nothing in a
+        trace (is_compiling is a constant there: the branch leaves no trace of its own)."""
+        if not _eager._is_compiling():
+            counts = self.dispatch_counts
+            for path in paths:
+                counts[path] += 1
+
     @property
     def fp8_state(self) -> MappingProxyType:
         """Read-only copies of the FP8 scaling state, by role (QKV, S, O, dO, dP, dQKV)."""
@@ -209,6 +232,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             self._fp8_recipe, self._fp8_roles = recipe, fp8_lib.make_state(recipe, q.device)
         qh, kh, vh = _heads_first_qkv(call, q, k, v)
         masked = self._mask(call, q.device)
+        self._count("fp8")
         o, o_data, o_scale_inv = fp8_lib.FP8Attention.apply(
             qh, kh, vh, masked, call.scale, self._fp8_roles, self._softmax
         )
@@ -236,10 +260,14 @@ class UnfusedDotProductAttention(torch.nn.Module):
         masked = None if kernel_causal else self._mask(call, q.device)
 
         plan = self._core_plan(call, qh)
+        kind = self._softmax_kind(call, kernel_causal, masked)
         if plan is not None:  # one autograd node (or op), no copies, slice by slice
-            softmax = self._softmax_kind(call, kernel_causal, masked)
-            o = _eager.core(qh, kh, vh, masked, softmax, scale, plan)
+            axis, bounds = plan
+            split = "one_slice" if len(bounds) == 1 else ("batch_slices", "head_slices")[axis]
+            self._count(f"core:{kind}", f"core:{split}")
+            o = _eager.core(qh, kh, vh, masked, kind, scale, plan)
             return self._output(call, o)
+        self._count("ops:sink" if call.softmax_type != "vanilla" else f"ops:{kind}")
 
         # BMM1 and bias; `softmax_scale` is what the softmax kernel still has to apply (in fp32).
         scores = _bmm(qh, kh.transpose(-2, -1))  # (b, h, sq, skv)
@@ -256,7 +284,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
         if call.softmax_type != "vanilla":
             probs = self._sink_softmax(call, scores, softmax_scale, masked)
         else:
-            probs = self._vanilla_softmax(call, kernel_causal, softmax_scale, scores, masked)
+            probs = _eager.scores_softmax(kind, scores, masked, softmax_scale)
 
         if self.attention_dropout > 0.0:
             with self.attention_dropout_ctx():
@@ -303,12 +331,6 @@ class UnfusedDotProductAttention(torch.nn.Module):
         if kernel_causal:
             return "scaled_aligned_causal_masked_softmax"
         return "scaled_softmax" if masked is None else "scaled_masked_softmax"
-
-    @classmethod
-    def _vanilla_softmax(cls, call, kernel_causal, scale, scores, masked):
-        """The te_fast softmax op for a vanilla row on the whole scores (b, h, sq, skv)."""
-        kind = cls._softmax_kind(call, kernel_causal, masked)
-        return _eager.scores_softmax(kind, scores, masked, scale)
 
     @staticmethod
     def _band(call, device):

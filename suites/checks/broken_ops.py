@@ -44,6 +44,19 @@ def _(x):
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("te_selftest::last_row_unwritten", mutates_args=())
+def last_row_unwritten(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of a 2-D x that leaves the output's last row as allocated."""
+    y = torch.empty_like(x)
+    y[:-1] = torch.softmax(x[:-1], -1)
+    return y
+
+
+@last_row_unwritten.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
 # ----------------------------------------------------------------------------- broken stand-ins
 # Called as impl(op name, *args) in place of torch.ops.te_fast.<name>.default (the fuzz checks'
 # `impl` argument); each breaks one contract and otherwise returns the right values.

@@ -46,6 +46,80 @@ def assert_fresh_storage(outputs: Sequence[torch.Tensor], inputs: Sequence[torch
 
 
 @contextlib.contextmanager
+def poisoned_allocations():
+    """torch's deterministic mode with ``fill_uninitialized_memory`` for the block (warn_only: no
+    op is refused): every empty tensor that aten allocates (aten::empty and its kin, on the CPU
+    and CUDA, a custom op's output included) starts as NaN (floating dtypes, fp8 included) or
+    the dtype's max (integers). The previous settings come back afterwards."""
+    import torch.utils.deterministic as deterministic
+
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        deterministic.fill_uninitialized_memory = fill
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+def poison_fills(fn: Callable[[], object]) -> tuple[object, set[tuple[int, tuple[int, ...]]]]:
+    """(fn(), the buffers poisoned while it ran): fn() under poisoned_allocations, with the
+    profiler's event tree giving (storage data pointer, shape) of every tensor that the poison
+    filled (an aten::fill_ run by an aten::empty*, which is how the deterministic fill runs)."""
+    profiler = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+    )
+    with poisoned_allocations(), profiler as prof:
+        result = fn()
+    try:
+        tree = prof.profiler.kineto_results.experimental_event_tree()
+        torch_op = torch._C._profiler._EventType.TorchOp
+        metadata = torch._C._profiler._TensorMetadata
+    except AttributeError as e:  # a torch without the event tree: no way to see the poison
+        raise AssertionError(f"cannot observe the poison on this torch's profiler: {e}") from None
+    fills = set()
+    stack = [(event, "") for event in tree]  # (event, its parent's name)
+    while stack:
+        event, parent = stack.pop()
+        stack.extend((child, event.name) for child in event.children)
+        if event.name != "aten::fill_" or not parent.startswith("aten::empty"):
+            continue
+        kind, fields = event.typed
+        target = fields.inputs[0] if kind == torch_op and fields.inputs else None
+        if isinstance(target, metadata):
+            fills.add((target.storage_data_ptr, tuple(target.sizes)))
+    return result, fills
+
+
+def assert_fully_written(name: str, fn: Callable[[], torch.Tensor], expected: torch.Tensor):
+    """fn()'s output, allocated under poisoned_allocations, holds no poison and equals
+    ``expected`` bit for bit. Not vacuously: the poison must be seen filling the very buffer fn()
+    returns (its storage and shape, before fn wrote it), and the poison must be NaN in the
+    output's dtype."""
+    out, fills = poison_fills(fn)
+    key = (out.untyped_storage().data_ptr(), tuple(out.shape))
+    if key not in fills:
+        raise AssertionError(
+            f"{name}: the poison was not seen in the output's buffer {key} (poisoned: "
+            f"{sorted(fills)}): the check would be void"
+        )
+    with poisoned_allocations():
+        probe = torch.empty(8, dtype=out.dtype, device=out.device)
+    if not torch.isnan(probe.float()).all():
+        raise AssertionError(f"{name}: the poison is no NaN in {out.dtype}: the check is void")
+    unwritten = torch.isnan(out.float())
+    if unwritten.any():
+        raise AssertionError(
+            f"{name}: {int(unwritten.sum())} of {out.numel()} output elements were left unwritten "
+            f"(poison NaN), first at {unwritten.nonzero()[0].tolist()}"
+        )
+    assert_bitwise_equal(f"{name}: output over a poisoned buffer", out, expected)
+
+
+@contextlib.contextmanager
 def sync_debug_error():
     """torch.cuda.set_sync_debug_mode('error') for the block."""
     previous = torch.cuda.get_sync_debug_mode()

@@ -261,6 +261,13 @@ _PY = [
         "a per-head arbitrary mask is broadcast from head 0 over every head",
         (ATTENTION,), k="arbitrary",
     ),
+    Defect(
+        "core_mask_wrong_batch_slice", "cpu", "te_fast/_eager.py",
+        "        p = scores_softmax(softmax, scores, _take(mask, axis, lo, hi), scale)",
+        "        p = scores_softmax(softmax, scores, _take(mask, axis, 0, hi - lo), scale)",
+        "the eager core reads the first slice's mask for every slice (batch 0's for each element)",
+        ("suites/test_dispatch_paths.py",), k="eager_core",
+    ),
     # ---------------------------------------------------------------- te_fast/ops.py
     Defect(
         "fake_forward_dtype", "cpu", "te_fast/ops.py",
@@ -371,6 +378,16 @@ _CPP = [
         "const double inv = 1.0 / sum;",
         "CPU forward: a fully masked row is 0 * inf = NaN, not 0",
         (OPS,), k="fully_masked",
+    ),
+    Defect(
+        "cpu_fully_masked_rows_unwritten", "cpu", "csrc/te_fast.cpp",
+        "      const double inv = sum == 0.0 ? 0.0 : 1.0 / sum;  // fully masked row -> 0\n"
+        "      T* yr = y + row * g.sk;\n",
+        "      if (sum == 0.0) continue;  // fully masked row: nothing to write (fresh pages: 0)\n"
+        "      const double inv = 1.0 / sum;\n"
+        "      T* yr = y + row * g.sk;\n",
+        "CPU forward leaves a fully masked row as allocated (no 0 written): unwritten output",
+        (CONTRACTS,), k="fully_written",
     ),
     Defect(
         "cpu_neg_inf_scores_live", "cpu", "csrc/te_fast.cpp",
