@@ -13,7 +13,7 @@ from test_reports_e2e import child_env, make_suite
 from test_reports_unit import BASE, case, changed, names, report, write
 
 from reports.__main__ import main
-from reports.compare import compare
+from reports.compare import compare, format_comparison
 from reports.merge import merge_reports
 from reports.model import ReportError, build_report, load_report, write_report
 from reports.render import (
@@ -96,6 +96,49 @@ def test_comparison_names_xfails_and_nonfinite_ratios_for_what_they_are():
     assert names(result, "new_failures") == ["t.py::test_new_error"]
     assert "t.py::test_new_nan" not in names(result, "new_cases")
     assert result.regressions == 5
+
+
+def test_comparison_tells_each_xfail_transition_what_it_is():
+    """Known failures are strict (suites/known_failures.py): xfailed -> xfailed stays an expected
+    failure (its reason change shown), failed -> xfailed is excused, not fixed, and neither is
+    news that --update-baseline would accept as an improvement; xfailed -> failed (the
+    recorded tensor passes: XPASS(strict), or another tensor fails) is a new failure."""
+
+    def xfailed(nodeid, reason):
+        c = case(nodeid, "xfailed", ratio=None)
+        c["skip_reason"] = reason
+        return c
+
+    base = report(
+        xfailed("t.py::test_same", "known failure: dk (SPEC §6 ratio, strict): diagnosed"),
+        xfailed("t.py::test_reworded", "known failure: dk: old words"),
+        case("t.py::test_excused", "failed", ratio=3.0),
+        xfailed("t.py::test_broke", "known failure: dx (SPEC §6 ratio, strict): why"),
+    )
+    new = report(
+        xfailed("t.py::test_same", "known failure: dk (SPEC §6 ratio, strict): diagnosed"),
+        xfailed("t.py::test_reworded", "known failure: dk (SPEC §6 ratio, strict): new words"),
+        xfailed("t.py::test_excused", "known failure: out (SPEC §6 ratio, strict): why"),
+        case("t.py::test_broke", "failed", ratio=None),
+    )
+    result = compare(new, base)
+    details = {n: d for items in result.items.values() for n, d in items}
+    assert names(result, "still_xfailed") == ["t.py::test_reworded", "t.py::test_same"]
+    assert details["t.py::test_same"] == "known failure: dk (SPEC §6 ratio, strict): diagnosed"
+    assert details["t.py::test_reworded"] == (
+        "reason was: known failure: dk: old words; now: known failure: dk (SPEC §6 ratio, "
+        "strict): new words"
+    )
+    assert names(result, "excused_failures") == ["t.py::test_excused"]
+    assert details["t.py::test_excused"].startswith("failed -> xfailed: known failure: out ")
+    assert names(result, "new_failures") == ["t.py::test_broke"]
+    assert details["t.py::test_broke"] == "xfailed -> failed"
+    assert result.regressions == 1 and result.news == 0
+    assert not result.items["improvements"]
+    text = format_comparison(result, "new.json", "base.json")
+    assert "info: failures now expected (failed -> xfailed: not fixed): 1" in text
+    assert "info: still expected failures (xfailed in both): 2" in text
+    assert "REGRESSION: new failures: 1" in text and "1 regression(s)" in text
 
 
 # ---------------------------------------------------------------- B: reports that tell the truth

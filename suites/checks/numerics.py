@@ -10,6 +10,69 @@ K_FORWARD = 2.0
 K_BACKWARD = 3.0
 
 
+class CheckError(AssertionError):
+    """A judged property of one tensor failed. ``tensor`` names it; ``kind`` says which check:
+    "ratio" (SPEC §6's error-ratio rule), "unjudgeable" (the rule's bound is infinite),
+    "zero_rows" (exact zeros of SPEC §2.4-2.5), "nan", "dtype", "shape". A subclass per
+    (kind, tensor) pair, ``CheckError.of(kind, tensor)``, lets ``pytest.mark.xfail(raises=...)``
+    expect one tensor's failure of one check and nothing else (suites/known_failures.py)."""
+
+    kind = ""
+    tensor = ""
+    _classes: dict[tuple[str, str], type] = {}
+
+    @staticmethod
+    def of(kind: str, tensor: str) -> type[CheckError]:
+        """The class of ``tensor``'s failures of the ``kind`` check (one per pair, cached)."""
+        key = (kind, tensor)
+        cls = CheckError._classes.get(key)
+        if cls is None:
+            base = RatioError if kind == "ratio" else CheckError
+            cls = type(base.__name__, (base,), {"kind": kind, "tensor": tensor})
+            cls.__qualname__ = base.__qualname__  # printed as RatioError / CheckError
+            cls.__module__ = __name__
+            CheckError._classes[key] = cls
+        return cls
+
+    @staticmethod
+    def new(kind: str, tensor: str, message: str) -> CheckError:
+        return CheckError.of(kind, tensor)(message)
+
+
+class RatioError(CheckError):
+    """A tensor failed SPEC §6's error-ratio rule (the instances are ``ratio_error(tensor)``'s)."""
+
+    kind = "ratio"
+
+
+def ratio_error(tensor: str) -> type[CheckError]:
+    """The class of ``tensor``'s failures of SPEC §6's error-ratio rule: what a known failure
+    of that tensor expects (``pytest.mark.xfail(raises=ratio_error("dk"))``)."""
+    return CheckError.of("ratio", tensor)
+
+
+class JudgementError(AssertionError):
+    """Several checks failed in one judgement: ``failures`` holds each CheckError (the message
+    joins theirs). One failure alone is raised as itself."""
+
+    def __init__(self, failures: list[AssertionError]):
+        super().__init__("\n".join(str(f) for f in failures))
+        self.failures = list(failures)
+
+
+def raise_failures(failures: list[AssertionError]) -> None:
+    """Nothing for no failure; the failure itself for one; a JudgementError for several."""
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        raise JudgementError(failures)
+
+
+def failures_of(error: BaseException) -> list[BaseException]:
+    """The single failures an error stands for (a JudgementError's, else the error itself)."""
+    return list(error.failures) if isinstance(error, JudgementError) else [error]
+
+
 def floor(dtype: torch.dtype) -> float:
     """The absolute floor of the bound: 1/64 of the dtype's epsilon (unit-scale ulp).
 
@@ -44,6 +107,7 @@ def check_ratio(
     dtype: torch.dtype | None = None,
 ) -> float:
     """Assert max|impl - ref64| <= k * max|ref_lp - ref64| + floor(dtype); returns the ratio.
+    A failure is a ``ratio_error(name)`` (an AssertionError naming the tensor).
 
     The comparison is recorded for the report (error, bound, ratio = error / bound). Equal
     values count as exact, NaN and infinities included (a NaN-poisoned reference row must be
@@ -65,10 +129,12 @@ def check_ratio(
     ref_err_max = ref_err.max().item() if ref_err.numel() else 0.0
     if ref_err_max == float("inf"):  # the bound would pass anything
         at = _index(int(ref_err.argmax().item()), ref_err.shape)
-        raise AssertionError(
+        raise CheckError.new(
+            "unjudgeable",
+            name,
             f"{name}: the same-precision reference is NaN or infinite where float64 is not (at "
             f"{list(at)}: ref_lp {lp[at].item():.6g}, ref64 {r[at].item():.6g}): SPEC 6's bound "
-            "would be infinite, so this case cannot be judged by the rule"
+            "would be infinite, so this case cannot be judged by the rule",
         )
     bound = k * ref_err_max + floor(dtype)
     ratio = max_err / bound
@@ -85,7 +151,7 @@ def check_ratio(
     )
     if ratio > 1.0:
         at = f"[{', '.join(map(str, worst))}]"
-        raise AssertionError(
+        raise ratio_error(name)(
             f"{name}: max |impl - ref64| = {max_err:.3e} > bound {bound:.3e} "
             f"(= {k:g} x same-precision error {ref_err_max:.3e} + floor {floor(dtype):.1e}); "
             f"ratio {ratio:.2f}; worst at {at}: impl {a[worst].item():.6g}, ref64 "

@@ -13,7 +13,10 @@ suites/fuzz/profiles.py; TE_FUZZ_EXAMPLES=N overrides the count):
 
 from __future__ import annotations
 
+import contextlib
 import os
+import zlib
+from dataclasses import replace
 
 import hypothesis
 from hypothesis import Phase, given, settings
@@ -43,12 +46,57 @@ def fuzz_settings(max_examples: int, shrink: bool = True) -> settings:
     return settings(settings.get_profile(profile_name()), max_examples=max_examples, phases=phases)
 
 
+def seed_of(key: str) -> int:
+    """The draws' seed for a test: a hash of its key (the test's id), nothing else."""
+    return zlib.crc32(key.encode())
+
+
+@contextlib.contextmanager
+def pinned_constants():
+    """Hypothesis draws a share of its integers and floats from the constants it finds in the
+    source of every local module imported so far (hypothesis.internal.conjecture.providers,
+    _get_local_constants), so the same seed drew other examples after another import or a
+    change to any project file. Inside this context that pool is empty: the draws follow the
+    seed alone. (Hypothesis' own global constants stay; they are fixed per release.)"""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # a hypothesis without the module: nothing to pin
+        yield
+        return
+    local = getattr(providers, "_get_local_constants", None)
+    cache = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
+    constants = getattr(providers, "Constants", None)
+    if local is None or cache is None or constants is None:  # no local constants to pin
+        yield
+        return
+    empty = constants()
+    providers._get_local_constants = lambda: empty
+    cache.clear()  # (global, local) pools per constraint, cached with the local ones in
+    try:
+        yield
+    finally:
+        providers._get_local_constants = local
+        cache.clear()
+
+
 def fuzz(
-    check, strategy, device: str, max_examples: int, shrink: bool = True, explicit=(), **extra
+    check,
+    strategy,
+    device: str,
+    max_examples: int,
+    shrink: bool = True,
+    explicit=(),
+    key: str | None = None,
+    **extra,
 ) -> None:
     """Run check(example, device, **extra) on the ``explicit`` examples, then on drawn ones; the
     first failure is shrunk and re-raised with hypothesis' "Falsifying example" and the
-    example's reproducer in its notes."""
+    example's reproducer in its notes.
+
+    The draws are reproducible whatever else was imported: under a derandomized profile (ci,
+    gpu) the seed is seed_of(key) (the test's id; without a key, hypothesis' hash of the runner's
+    source), and hypothesis' pool of constants from the loaded modules is empty
+    (pinned_constants). No global random state is read."""
 
     @fuzz_settings(max_examples, shrink)
     @given(example=strategy)
@@ -57,7 +105,10 @@ def fuzz(
 
     for ex in explicit:
         run = hypothesis.example(example=ex)(run)
-    run()
+    if key is not None and settings.get_profile(profile_name()).derandomize:
+        run = hypothesis.seed(seed_of(key))(run)
+    with pinned_constants():
+        run()
 
 
 # ----------------------------------------------------------------------------- softmax ops
@@ -168,14 +219,29 @@ SOFTMAXES = (
 )  # fmt: skip
 
 
+def supported_layouts(family: str, adapter=None) -> list[str]:
+    """The family's layouts the adapter takes (all of them without one)."""
+    return [n for n in FAMILIES[family] if adapter is None or n in adapter.layouts]
+
+
+def _takes(adapter, flag: str) -> bool:
+    return adapter is None or bool(getattr(adapter, flag))
+
+
 @st.composite
-def module_examples(draw, family: str, device: str):
+def module_examples(draw, family: str, device: str, adapter=None):
     """One UnfusedDotProductAttention call of the family's layouts: any mask type, window and
     alignment, bias, softmax type, GQA/MQA group, MLA head dims, cross attention, ragged lengths
-    (random, an empty sequence, one full sequence, trailing tokens), a longer kv cache."""
-    layout = draw(st.sampled_from(FAMILIES[family]))
+    (random, an empty sequence, one full sequence, trailing tokens), a longer kv cache. With an
+    adapter, only what it declares (its layouts, dtypes, mask, bias and softmax types, optional
+    arguments) is drawn, and a case it still turns away (not_supported_reasons) is discarded."""
+    a = adapter
+    layout = draw(st.sampled_from(supported_layouts(family, a)))
     info = parse_layout(layout)
-    masks = [m for m in ATTN_MASK_TYPES if not (info.q_format == "thd" and m == "arbitrary")]
+    masks = [
+        m for m in ATTN_MASK_TYPES
+        if not (info.q_format == "thd" and m == "arbitrary") and (a is None or m in a.mask_types)
+    ]  # fmt: skip
     mask_type = draw(st.sampled_from(masks))
     h = draw(st.sampled_from((1, 2, 3, 4)))
     groups = [g for g in (1, 2, 3, 4) if h % g == 0]
@@ -184,24 +250,41 @@ def module_examples(draw, family: str, device: str):
     skv = sq if info.packing == "qkv" else draw(st.integers(1, 8))
     d = draw(st.integers(1, 8))
     dv = d if info.packing else draw(st.integers(1, 8))
-    bias_type, bias_shape, slopes = draw(st.sampled_from(BIASES))
-    softmax_type, offset_via = draw(st.sampled_from(SOFTMAXES))
-    window = draw(st.sampled_from(WINDOWS))
+    biases = [
+        (kind, shape, slopes) for kind, shape, slopes in BIASES
+        if a is None or (kind in a.bias_types and (slopes is None or a.supports_alibi_slopes))
+    ]  # fmt: skip
+    bias_type, bias_shape, slopes = draw(st.sampled_from(biases))
+    softmaxes = [
+        (kind, via) for kind, via in SOFTMAXES
+        if a is None or (kind in a.softmax_types
+                         and (kind != "learnable" or a.supports_softmax_offset))
+    ]  # fmt: skip
+    softmax_type, offset_via = draw(st.sampled_from(softmaxes))
+    window = draw(st.sampled_from(WINDOWS if _takes(a, "supports_window") else (None,)))
     if window is not None and "causal" in mask_type and window[1] > 0:
         window = (window[0], 0)  # a right context conflicts with a causal type (an error case)
+    alignments = (None, True, False) if _takes(a, "supports_bottom_right_diagonal") else (None,)
+    padding_from = [
+        p for p, flag in (("cu_seqlens", "supports_cu_seqlens_padding"),
+                          ("mask", "supports_padding_mask"), ("mask_left", "supports_padding_mask"))
+        if _takes(a, flag)
+    ] or ["cu_seqlens"]  # fmt: skip
+    dtypes = [t for t in MODULE_DTYPES[device] if a is None or t in a.dtypes]
     thd_cache = info.q_format == "thd" and info.kv_format != "thd"
     case = AttnCase(
-        layout, draw(st.sampled_from(MODULE_DTYPES[device])), mask_type, device=device,
+        layout, draw(st.sampled_from(dtypes)), mask_type, device=device,
         b=draw(st.integers(1, 3)), sq=sq, skv=skv, h=h, hg=hg, d=d, dv=dv,
         bias_type=bias_type, bias_shape=bias_shape, alibi_slopes=slopes,
         softmax_type=softmax_type, offset_via=offset_via, window=window,
-        bottom_right_diagonal=draw(st.sampled_from((None, True, False))),
-        padding_from=draw(st.sampled_from(("cu_seqlens", "mask", "mask_left"))),
+        bottom_right_diagonal=draw(st.sampled_from(alignments)),
+        padding_from=draw(st.sampled_from(padding_from)),
         varlen=draw(st.sampled_from(("random", "zero_length", "full", "trailing"))),
         kv_cache_extra=draw(st.integers(0, 3)) if thd_cache else 0,
-        return_max_logit=draw(st.booleans()),
+        return_max_logit=draw(st.booleans()) if _takes(a, "supports_max_logit") else False,
     )  # fmt: skip
     hypothesis.assume(case.invalid_reason() is None)
+    hypothesis.assume(a is None or not a.not_supported_reasons(case))
     return ModuleExample(case, seed=draw(st.integers(0, 2**16)))
 
 
@@ -261,14 +344,15 @@ def convert_explicit(direction: str) -> list[ConvertExample]:
     return ex
 
 
-def module_explicit(family: str, device: str) -> list[ModuleExample]:
+def module_explicit(family: str, device: str, adapter=None) -> list[ModuleExample]:
     """A GQA call with padding (an empty sequence where ragged), one full-length sequence with
-    trailing tokens, and sink softmax with alibi and a window, on the family's first layout."""
+    trailing tokens, and sink softmax with alibi and a window, on the family's first layout;
+    for an adapter, those it supports."""
     layout = FAMILIES[family][-1]  # the unpacked one: GQA and MLA allowed
     dtype = MODULE_DTYPES[device][0]
     cache = 2 if family == "mixed" and layout.startswith("thd") else 0
     base = dict(device=device, b=2, sq=5, skv=5, h=4, hg=2, d=8, dv=8, kv_cache_extra=cache)
-    return [
+    examples = [
         ModuleExample(AttnCase(layout, dtype, "padding_causal", varlen="zero_length", **base)),
         ModuleExample(
             AttnCase(layout, dtype, "causal_bottom_right", varlen="full", **dict(base, b=1)), seed=1
@@ -288,3 +372,7 @@ def module_explicit(family: str, device: str) -> list[ModuleExample]:
             seed=2,
         ),  # fmt: skip
     ]
+    return [
+        ex for ex in examples
+        if adapter is None or not adapter.not_supported_reasons(replace(ex.case, device=device))
+    ]  # fmt: skip
