@@ -63,4 +63,23 @@ KNOWN_FAILURES = {
             "given. Passes on the CPU"
         ),
     ),
+    "suites/test_dispatch_paths.py::test_eager_core"
+    "[bshd_bshd_bshd-bf16-padding-diag_br-pad_cu_seqlens-cuda]": KnownFailure(
+        "dk",
+        (
+            "the alignment case above through the chunked eager core (same inputs, same "
+            "cuBLAS dk = dS^T q): dk 1.02x its bound at the same element, [0, 5, 4, 50], 1 of "
+            "118272, on an H100 (2026-12-06 run); not diagnosed, as above"
+        ),
+    ),
+    "suites/test_te_kernels.py::test_te_softmax"
+    "[scaled_masked_softmax-bcast_mask-fp16-te_shape-sk1000]": KnownFailure(
+        "y",
+        (
+            "TE deviation 5 (docs/te_kernels.md): TE builds fused_softmax/*.cu with "
+            "--use_fast_math (common/CMakeLists.txt:617), so expf is __expf and x / sum an "
+            "approximate division; y 1.002x its bound at 1 of 24000 elements on an H100 "
+            "(2026-12-06): TE 0.177734, ref64 0.177506, composite 0.177612 (fp16 ulp 1.2e-4)"
+        ),
+    ),
 }
