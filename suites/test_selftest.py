@@ -189,6 +189,35 @@ def test_ratio_rule_on_non_finite_values():
             check_ratio("y", torch.tensor([0.25, 0.5, nan, -inf]), ref64, vacuous, 2.0)
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+def test_ratio_rule_tiny_tensor_floor(dtype):
+    """SPEC §6's tiny-tensor floor: under 64 elements, 8 ulps of the largest |ref64| (ulp =
+    eps * 2**floor(log2 max|ref64|)); at 64 elements the per-dtype floor eps/64 alone. Here the
+    same-precision reference is exact, so the bound is the floor itself."""
+    _record(f"ratio_tiny_floor_{dtype}", "cpu")
+    eps = torch.finfo(dtype).eps
+    with record.suspended():
+        for n in (1, 7, 63):
+            ref64 = torch.full((n,), 1.5, dtype=torch.float64)
+            ref64[0] = -3.0  # largest |value| 3.0: its ulp is eps * 2
+            ref_lp = ref64.to(dtype)
+            ok = ref64.clone()
+            ok[-1] += 8 * 2 * eps  # exactly the floor: passes
+            assert check_ratio("y", ok, ref64, ref_lp, 2.0, dtype) == 1.0
+            bad = ref64.clone()
+            bad[-1] += 8.5 * 2 * eps
+            with pytest.raises(AssertionError, match=rf"tiny tensor: {n} elements; 8 ulps"):
+                check_ratio("y", bad, ref64, ref_lp, 2.0, dtype)
+        ref64 = torch.full((64,), 1.5, dtype=torch.float64)
+        one_ulp = ref64.clone()
+        one_ulp[-1] += eps  # one ulp off at 1.5, 64x the per-dtype floor
+        with pytest.raises(AssertionError, match=r"floor [0-9.e-]+\); ratio"):
+            check_ratio("y", one_ulp, ref64, ref64.to(dtype), 2.0, dtype)
+        zeros = torch.zeros(3, dtype=torch.float64)  # no magnitude: the per-dtype floor
+        with pytest.raises(AssertionError, match="per-dtype floor"):
+            check_ratio("y", zeros + eps, zeros, zeros.to(dtype), 2.0, dtype)
+
+
 # ----------------------------------------------------------------------------- fuzz checks
 # The property-based suite (suites/test_fuzz.py) run on deliberately broken stand-ins
 # (suites/checks/broken_ops.py): each must be found, shrunk and printed with a reproducer.
