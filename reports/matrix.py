@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports.model import FAILING, ReportError, load_report, validate
-from reports.render import normalise_reason, reproducer
+from reports.render import normalise_reason, reproducer, te_deviations_of
 
 SCHEMA = "te-conformance-matrix"
 SCHEMA_VERSION = 1
@@ -328,6 +328,24 @@ FEATURES: tuple[Feature, ...] = (
             lambda c: c.within("test_fuzz.py::test_fuzz_module")),
 )  # fmt: skip
 
+# Words that a skip reason explaining the feature contains: a cell's reason is the most common of
+# those (else the most common of all), so that a case skipped for several reasons ("no sliding
+# window; no bias type 'alibi'") shows, in the alibi row, the one about alibi.
+TOPICS = {
+    "layout_separate": ("layout",), "layout_packed": ("layout", "pack"),
+    "layout_mixed": ("layout",), "layout_thd": ("layout",),
+    "thd_inference": ("layout", "cu_seqlens"),
+    **{f"mask_{m}": ("mask",) for m in MASK_TYPES},
+    "window": ("window",), "bottom_right_diagonal": ("bottom_right_diagonal",),
+    **{b: ("bias", "alibi") for b in BIAS_TYPES},
+    "softmax_off-by-one": ("softmax",), "softmax_learnable": ("softmax",),
+    "gqa": ("GQA", "MQA"), "mla": ("MLA",), "max_logit": ("max_logit",),
+    "fp8": ("FP8",), "compile": ("traceable", "compile"),
+    "cuda_graphs": ("capturable", "CUDA graph", "cudagraph"), "determinism": ("determinis",),
+    "dropout": ("dropout",), "no_host_sync": ("sync",),
+    "argument_checks": ("validates_arguments", "argument"), "fuzz": (),
+}  # fmt: skip
+
 # Every test a row's rule names (a file: all its tests).
 COUNTED = (
     *NUMERIC,
@@ -378,42 +396,107 @@ STATE_HELP = {
     "fail": "a case failed or errored: the failing count and one reproducer",
     "known": "no unexpected failure, but cases fail as recorded deviations or known failures "
     "(strict xfail: TE deviations, suites/known_failures.py)",
-    "unsupported": "every case skipped: the most common reason",
-    "not_run": "no run of this implementation, or no case of the feature in its run",
+    "unsupported": "every case skipped, declined by the implementation's adapter (\"<name> does "
+    'not support ...", "lacks ...", "takes no ...", "has no ..."): the most common reason',
+    "not_run": "no run of this implementation, no case of the feature in its run, or only "
+    "skips that are not the implementation's (a missing device or package: the reason)",
 }
 
 
-def _tally(cases: list[dict], pytest_args: list[str]) -> dict:
-    """One cell from the cases of one feature in one run."""
+# a value a skip reason quotes ('thd_thd_thd', 'off-by-one'): reasons that differ only there group
+_QUOTED = re.compile(r"(?<=[\s(])'[\w.+-]+'")
+
+
+def reason_parts(case: dict) -> list[str]:
+    """The reasons a skipped or xfailed case gives, one by one: a TE deviation or fallback as
+    its id and title, any other reason split at '; ' (render.normalise_reason)."""
+    found = te_deviations_of(case)
+    if found:
+        return sorted(
+            {f"TE fallback: {d['title']}" if d["id"] == "fallback" else
+             f"TE deviation {d['id']}: {d['title']}" for d in found}
+        )  # fmt: skip
+    return normalise_reason(case.get("skip_reason") or "-").split("; ")
+
+
+def main_reason(cases: list[dict], topic: tuple[str, ...] = ()) -> tuple[str, int, int]:
+    """(reason, how many of the cases give it, how many distinct reasons they give): the reason
+    the most cases give, those naming the topic first; reasons that differ only in a quoted value
+    count as one, shown with their values ("does not support layout 't3hd', 'thd_thd_thd'")."""
+    variants: dict[str, Counter] = {}  # template -> its reasons with their values
+    count: Counter = Counter()  # template -> cases that give it
+    for c in cases:
+        for template in {_QUOTED.sub("'*'", part) for part in reason_parts(c)}:
+            count[template] += 1
+        for part in reason_parts(c):
+            variants.setdefault(_QUOTED.sub("'*'", part), Counter())[part] += 1
+    words = [w.lower() for w in topic]
+
+    def rank(template: str):
+        texts = [template.lower(), *(p.lower() for p in variants[template])]
+        on_topic = any(w in t for w in words for t in texts)
+        return (not on_topic, -count[template], template)
+
+    best = min(count, key=rank)
+    parts = variants[best]
+    if len(parts) == 1:
+        text = next(iter(parts))
+    elif best.count("'*'") == 1:
+        values = sorted({_QUOTED.search(p)[0] for p in parts})
+        more = f" (+{len(values) - 4} more)" if len(values) > 4 else ""
+        text = best.replace("'*'", ", ".join(values[:4]) + more)
+    else:
+        text, _ = min(parts.items(), key=lambda kv: (-kv[1], kv[0]))
+        text += f" (and {len(parts) - 1} like it)"
+    return text, count[best], len(count)
+
+
+# what an adapter's declarations say when it declines a case (suites/adapters/base.py: not_supported
+# _reasons, unsupported_arguments, lacks)
+DECLINES = ("does not", "lacks", "takes no", "has no")
+
+
+def declined(case: dict, name: str) -> bool:
+    """Whether a skipped case's reason is the implementation's own refusal: a part of it reads
+    "<name> does not ...", "<name> lacks ...", "<name> takes no ..." or "<name> has no ..."
+    ("transformer_engine not installed" is not: that is this machine)."""
+    starts = tuple(f"{name} {verb} " for verb in DECLINES)
+    return any(p.startswith(starts) for p in reason_parts(case))
+
+
+def _tally(
+    cases: list[dict], name: str, pytest_args: list[str], topic: tuple[str, ...] = ()
+) -> dict:
+    """One cell from the cases of one feature in the run of implementation ``name``. A skip the
+    implementation declined (``declined``) counts as not supported; any other skip is not the
+    implementation's (a combination no implementation takes, a missing device or package): such
+    cases count as not run."""
     passed = sum(c["outcome"] in ("passed", "xpassed") for c in cases)
     failing = sorted((c for c in cases if c["outcome"] in FAILING), key=lambda c: c["nodeid"])
-    skips = Counter(
-        normalise_reason(c.get("skip_reason") or "-") for c in cases if c["outcome"] == "skipped"
-    )
-    known = Counter(
-        normalise_reason(c.get("skip_reason") or "-") for c in cases if c["outcome"] == "xfailed"
-    )
+    skips = [c for c in cases if c["outcome"] == "skipped"]
+    own = [c for c in skips if declined(c, name)]
+    other = [c for c in skips if not declined(c, name)]
+    xfailed = [c for c in cases if c["outcome"] == "xfailed"]
     cell: dict = {"cases": len(cases), "passed": passed, "failed": len(failing),
-                  "skipped": sum(skips.values()), "xfailed": sum(known.values())}  # fmt: skip
+                  "skipped": len(own), "xfailed": len(xfailed)}  # fmt: skip
+    if other:
+        cell["other_skips"] = len(other)
     if failing:
         cell["state"] = "fail"
         cell["nodeid"] = failing[0]["nodeid"]
         cell["reproducer"] = reproducer(failing[0], pytest_args)
-    elif known:
+    elif xfailed:
         cell["state"] = "known"
     elif passed:
-        cell["state"] = "partial" if skips else "pass"
-    elif skips:
+        cell["state"] = "partial" if own else "pass"
+    elif own:
         cell["state"] = "unsupported"
     else:
         cell["state"] = "not_run"
-    for key, counts in (("reason", skips), ("known_reason", known)):
-        if counts:
-            # the most common reason; ties go to the first in sorted order (stable output)
-            reason, n = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-            cell[key] = reason
-            cell[f"{key}_cases"] = n
-            cell[f"{key}s"] = len(counts)
+    for key, group in (("reason", own or (other if cell["state"] == "not_run" else [])),
+                       ("known_reason", xfailed)):  # fmt: skip
+        if group:
+            cell[key], cell[f"{key}_cases"], cell[f"{key}s"] = main_reason(group, topic)
     return cell
 
 
@@ -518,7 +601,7 @@ def build_matrix(runs: list[tuple[str, dict]], columns: list[str] | None = None)
         for f in FEATURES:
             mine = [c for c, v in views if f.match(v)]
             counted.update(c["nodeid"] for c in mine)
-            cells[f.key][name] = _tally(mine, args)
+            cells[f.key][name] = _tally(mine, name, args, TOPICS[f.key])
         info[name] = {**_run_info(report), "cases": len(own), "counted": len(counted)}
     return {
         "schema": SCHEMA,
@@ -619,7 +702,7 @@ def cell_text(cell: dict, detail: bool = True) -> str:
         return text + (f": {cell['known_reason']})" if detail else ")")
     if s == "unsupported":
         return "not supported" + (f" ({cell['reason']})" if detail else "")
-    return "not run"
+    return "not run" + (f" ({cell['reason']})" if detail and cell.get("reason") else "")
 
 
 def short_text(cell: dict) -> str:
@@ -732,7 +815,7 @@ def render_html(matrix: dict) -> str:
             body = e(cell_text(cell, detail=False))
             if s == "fail":
                 body += f"<br>reproduce: <code>{e(cell['reproducer'])}</code>"
-            elif cell.get("reason") and s in ("partial", "unsupported"):
+            elif cell.get("reason") and s in ("partial", "unsupported", "not_run"):
                 body += f"<br><small>{e(cell['reason'])}</small>"
             elif s == "known":
                 body += f"<br><small>{e(cell['known_reason'])}</small>"
@@ -745,6 +828,29 @@ def render_html(matrix: dict) -> str:
     parts += [f"<li>{e(line[2:])}</li>" for line in _runs_lines(matrix)]
     parts.append("</ul></body></html>")
     return "\n".join(parts)
+
+
+def caption(matrix: dict) -> str:
+    """What the runs have in common, for the picture: machine, torch, the selection."""
+    runs = list(matrix["runs"].values())
+    if not runs:
+        return "no runs"
+
+    def common(get):
+        values = {json.dumps(get(r), sort_keys=True) for r in runs}
+        return get(runs[0]) if len(values) == 1 else None
+
+    parts = []
+    for label, get in (("machine", lambda r: r["machine_class"]), ("torch", lambda r: r["torch"]),
+                       ("-m", lambda r: r["selection"].get("markexpr")),
+                       ("-k", lambda r: r["selection"].get("keyword"))):  # fmt: skip
+        value = common(get)
+        if value:
+            parts.append(f"{label} {value!r}" if label.startswith("-") else f"{label} {value}")
+    return (
+        f"One run per implementation ({', '.join(parts) or 'different settings'}). "
+        "n/s: not supported. Reasons and reproducers: matrix.md, matrix.html."
+    )
 
 
 def render_png(matrix: dict) -> bytes | None:
@@ -761,7 +867,7 @@ def render_png(matrix: dict) -> bytes | None:
     cols, rows = matrix["columns"], matrix["rows"]
     label_w, col_w, row_h, head_h = 3.1, 1.55, 0.26, 0.45
     width = label_w + col_w * len(cols) + 0.2
-    height = head_h + row_h * len(rows) + 1.0
+    height = head_h + row_h * len(rows) + 0.75
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0, 0, 1, 1))
@@ -791,7 +897,9 @@ def render_png(matrix: dict) -> bytes | None:
     handles = [Patch(facecolor=bg, edgecolor="#999", label=label)
                for label, bg, _ in STATES.values()]  # fmt: skip
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=6.5, frameon=False,
-               bbox_to_anchor=(0.5, 0.02))  # fmt: skip
+               bbox_to_anchor=(0.5, 0.25 / height))  # fmt: skip
+    ax.text(width / 2, height - 0.12, caption(matrix), ha="center", va="bottom", fontsize=5.5,
+            color="#555", wrap=True)  # fmt: skip
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=130, metadata={"Software": None})
     return tag_png(buf.getvalue(), {"matrix_sha256": digest(matrix), "columns": cols}, PNG_KEY)

@@ -226,12 +226,73 @@ def test_cell_states():
     inference = cells["thd_inference"]
     assert inference["state"] == "unsupported"
     assert inference["reason"] == "torch.sdpa takes no cu_seqlens"
-    assert (inference["reason_cases"], inference["reasons"]) == (2, 2)
+    # the third case's reason does not name torch.sdpa: not its own, not counted as unsupported
+    assert (inference["reason_cases"], inference["reasons"], inference["skipped"]) == (2, 1, 2)
+    assert inference["other_skips"] == 1
     assert cells["mask_padding"]["state"] == "fail"  # the two thd failures count here too
     assert cells["mask_arbitrary"]["state"] == "unsupported"
     # te_fast's FP8 case and te_ref's table in this run are not torch.sdpa's
     assert cells["fp8"]["state"] == "not_run" and cells["fp8"]["cases"] == 0
     assert m["runs"]["torch.sdpa"]["cases"] == 10
+
+
+def test_skips_that_are_not_the_implementations_are_not_run():
+    """A combination no implementation takes, a missing device or package: not run, with the
+    reason; not "not supported", and no blemish on a conformant cell."""
+    core = A + "test_core[{}-cpu-torch.sdpa]"
+    r = report(
+        ["torch.sdpa"],
+        [
+            case(core.format("bs3hd-fp32-no_mask")),
+            case(core.format("bs3hd-fp32-no_mask-gqa2"), "skipped",
+                 skip_reason="qkv-packed layouts hold q, k, v in one buffer: no GQA/MQA"),
+            case(core.format("thd_thd_thd-fp32-padding"), "skipped", skip_reason="no CUDA device"),
+        ],
+    )  # fmt: skip
+    cells = {row["key"]: row["cells"]["torch.sdpa"] for row in mx.build_matrix([("r", r)])["rows"]}
+    assert cells["layout_packed"]["state"] == "pass"
+    assert (cells["layout_packed"]["skipped"], cells["layout_packed"]["other_skips"]) == (0, 1)
+    assert cells["layout_thd"]["state"] == "not_run"
+    assert mx.cell_text(cells["layout_thd"]) == "not run (no CUDA device)"
+
+
+@pytest.mark.parametrize(
+    "reason,declined",
+    [
+        ("transformer_engine does not support layout 'thd_thd_thd'", True),
+        ("x; transformer_engine lacks dropout (...): why", True),
+        ("transformer_engine takes no alibi_slopes (user ALiBi slopes)", True),
+        ("transformer_engine has no sliding window", True),
+        ("transformer_engine not installed: No module named 'transformer_engine'", False),
+        ("torch.sdpa does not support layout 'thd_thd_thd'", False),  # another adapter
+        ("qkv-packed layouts hold q, k, v in one buffer: no GQA/MQA", False),
+    ],
+)
+def test_a_skip_is_not_supported_when_the_adapter_declined_it(reason, declined):
+    skipped = case("x::t", "skipped", skip_reason=reason)
+    assert mx.declined(skipped, "transformer_engine") is declined
+
+
+def test_the_main_reason_groups_values_and_prefers_the_rows_topic():
+    def skipped(reason):
+        return case("x::t", "skipped", skip_reason=reason)
+
+    cases = [
+        skipped("s has no sliding window; s does not support layout 'thd_thd_thd'"),
+        skipped("s has no sliding window; s does not support layout 't3hd'"),
+        skipped("s has no sliding window"),
+        skipped("s does not support bias type 'alibi'; s has no sliding window"),
+    ]
+    # the most common reason: every case gives it
+    assert mx.main_reason(cases) == ("s has no sliding window", 4, 3)
+    # the layout row's reason: the layouts, grouped with their values
+    text = "s does not support layout 't3hd', 'thd_thd_thd'"
+    assert mx.main_reason(cases, ("layout",)) == (text, 2, 3)
+    assert mx.main_reason(cases, ("alibi",)) == ("s does not support bias type 'alibi'", 1, 3)
+    # a TE deviation is its id and title, without its source and reproducer
+    xfail = case("x::t", "xfailed", skip_reason="TE deviation D2: a title [TE a.py:1-2] "
+                 "reproducer: python -c 'x'")  # fmt: skip
+    assert mx.main_reason([xfail]) == ("TE deviation D2: a title", 1, 1)
 
 
 def test_a_failing_case_shows_its_own_reproducer():
@@ -264,7 +325,7 @@ def test_one_run_of_two_adapters_and_cases_without_fields():
             case(A + "test_core[bshd_bshd_bshd-fp32-causal-cpu]"),
             case(A + "test_core[bshd_bshd_bshd-fp32-causal-cpu-torch.sdpa]", "failed"),
             case("suites/test_compile.py::test_compiled[sbh3d-fp32-causal-cpu-torch.sdpa.aot_eager]",
-                 "skipped", skip_reason="no"),
+                 "skipped", skip_reason="torch.sdpa lacks traceable"),
             case("suites/test_dropout.py::test_dropout_off_is_exact_identity[cpu-flex_attention]"),
         ],
     )  # fmt: skip
