@@ -77,6 +77,7 @@ CUDA_GRAPH_VARIANTS = ("cudagraph", "cudagraphs_backend")  # suites/test_compile
 TABLE_VARIANTS = {
     "bshd": None, "sbhd_max_logit": "max_logit", "bshd_padmask": None, "bshd_leftpad": None,
     "bshd_off_by_one": None, "thd": None, "thd_kvcache": None, "bshd_fp8": "fp8",
+    "bshd_scale0": None,
 }  # fmt: skip
 # the adapter whose name the suites leave out of node ids (suites/adapters UNNAMED_IN_IDS)
 UNNAMED_IN_IDS = "te_fast"
@@ -200,6 +201,12 @@ NUMERIC = (
     "test_attention.py::test_thd_inference", "test_attention.py::test_varlen",
     "test_attention.py::test_alibi", "test_attention.py::test_alignment",
     "test_attention.py::test_default_scale", "test_semantics.py::test_mask_table",
+    "test_semantics_values.py::test_alibi_default_slopes",
+    "test_semantics_values.py::test_alibi_bias_matrix",
+    "test_semantics_values.py::test_bias_example",
+    "test_semantics_values.py::test_max_logit_over_batch_with_padding",
+    "test_semantics_values.py::test_sink_denominators",
+    "test_semantics_values.py::test_scale_zero_gradients",
 )  # fmt: skip
 
 
@@ -245,7 +252,8 @@ ARGUMENT_CHECKS = (
     "test_attention.py::test_invalid_arguments",
     "test_semantics.py::test_thd_takes_padding_types_only",
     "test_semantics.py::test_attention_mask_only_with_padding_or_arbitrary",
-    "test_bad_input.py::test_module_rule", "test_bad_input.py::test_module_bad_cu_seqlens_on_cuda",
+    "test_bad_input.py::test_module_rule", "test_bad_input.py::test_batch_neither_one_nor_b",
+    "test_bad_input.py::test_module_bad_cu_seqlens_on_cuda",
     "test_fp8.py::test_fp8_argument_errors",
 )  # fmt: skip
 DROPOUT = (
@@ -254,6 +262,10 @@ DROPOUT = (
     "test_attention.py::test_dropout_zero_is_identity",
     "test_determinism.py::test_module_dropout_same_seed",
 )  # fmt: skip
+DETERMINISM = (
+    "test_determinism.py::test_module_determinism",
+    "test_determinism.py::test_module_dropout_same_seed",
+)
 NUMERIC_RULE = "numeric"
 
 FEATURES: tuple[Feature, ...] = (
@@ -298,8 +310,10 @@ FEATURES: tuple[Feature, ...] = (
     Feature("mla", "Heads", "MLA: v head dim != q, k head dim",
             f"{NUMERIC_RULE} whose v head dim differs from q's", _n(lambda c: c.mla)),
     Feature("max_logit", "Outputs", "max_logit (return_max_logit)",
-            f"{NUMERIC_RULE} that ask for max_logit (id max_logit, mask table sbhd_max_logit)",
-            _n(lambda c: "max_logit" in c.tokens or c.table == "sbhd_max_logit")),
+            f"{NUMERIC_RULE} that ask for max_logit (id max_logit, mask table sbhd_max_logit, "
+            "a test named for it)",
+            _n(lambda c: "max_logit" in c.tokens or c.table == "sbhd_max_logit"
+               or "max_logit" in c.test)),
     Feature("fp8", "Modes", "FP8", "test_fp8.py, and the mask table's bshd_fp8 variant",
             lambda c: c.within("test_fp8.py") or c.table == "bshd_fp8"),
     Feature("compile", "Modes", "torch.compile (fullgraph)",
@@ -312,8 +326,8 @@ FEATURES: tuple[Feature, ...] = (
             lambda c: c.within("test_compile.py")
             and (c.compile_variant in CUDA_GRAPH_VARIANTS
                  or c.test == "test_replays_leave_memory_flat")),
-    Feature("determinism", "Modes", "determinism", "test_determinism.py",
-            lambda c: c.within("test_determinism.py")),
+    Feature("determinism", "Modes", "determinism",
+            "test_determinism.py's module tests (test_module_*)", lambda c: c.within(*DETERMINISM)),
     Feature("dropout", "Modes", "dropout",
             "test_dropout.py, test_attention.py's test_dropout_*, test_determinism.py's "
             "test_module_dropout_same_seed", lambda c: c.within(*DROPOUT)),
@@ -353,7 +367,7 @@ COUNTED = (
     *DROPOUT,
     "test_fp8.py",
     "test_compile.py",
-    "test_determinism.py",
+    *DETERMINISM,
     "test_attention.py::test_no_host_sync",
     "test_fuzz.py::test_fuzz_module",
 )
@@ -362,6 +376,10 @@ COUNTED = (
 UNCOUNTED = {
     "test_semantics.py::test_table_is_well_formed": "checks the table itself, no implementation",
     "test_semantics.py::test_mask_table_te_ref": "judges te_ref, the judge (impl te_ref)",
+    "test_semantics_values.py::test_tables_are_well_formed": "checks the literals themselves",
+    "test_semantics_values.py::test_default_alibi_slopes_te_ref": "judges te_ref, the judge",
+    "test_determinism.py::test_op_determinism": "te_fast's ops",
+    "test_determinism.py::test_batch_invariance": "te_fast's ops",
 }
 # Suite files that judge te_fast's ops or the tool itself, not an implementation's module: no row.
 UNCOUNTED_FILES = {
@@ -376,6 +394,7 @@ UNCOUNTED_FILES = {
     "test_selftest.py": "the checks themselves",
     "test_bad_input.py": "te_fast's op checks (its module rules have a row)",
     "test_fuzz.py": "te_fast's ops fuzzed (its module part has a row)",
+    "test_double_backward.py": "te_fast's second-order gradients (ops and module, no adapter axis)",
 }
 
 # ------------------------------------------------------------------------------------- cells

@@ -91,8 +91,18 @@ A = "suites/test_attention.py::"
         (A + "test_dropout_statistics[0.1-cpu]", None, {"dropout"}),
         ("suites/test_determinism.py::test_module_dropout_same_seed[cpu]", None,
          {"determinism", "dropout"}),
-        ("suites/test_determinism.py::test_op_determinism[scaled_softmax-fp32-cpu]", None,
-         {"determinism"}),
+        ("suites/test_determinism.py::test_module_determinism[bshd_bshd_bshd-bf16-causal-gqa2-"
+         "cpu-flex_attention]", None, {"determinism"}),
+        # te_fast's ops: no implementation's module, no row
+        ("suites/test_determinism.py::test_op_determinism[scaled_softmax-fp32-cpu]", None, set()),
+        ("suites/test_semantics_values.py::test_bias_example[post-bf16-cpu-torch.sdpa]",
+         {"layout": "bshd_bshd_bshd", "mask_type": "no_mask", "bias_type": "post_scale_bias",
+          "table": "bias_example"}, {"layout_separate", "mask_no_mask", "post_scale_bias"}),
+        ("suites/test_semantics_values.py::test_max_logit_over_batch_with_padding[fp32-cpu]",
+         {"layout": "thd_thd_thd", "mask_type": "padding"},
+         {"layout_thd", "mask_padding", "max_logit"}),
+        ("suites/test_bad_input.py::test_batch_neither_one_nor_b[mask-cpu-torch.sdpa]", None,
+         {"argument_checks"}),
         (A + "test_invalid_arguments[heads-cpu]", None, {"argument_checks"}),
         # an argument rule names a mask type, but judges the refusal, not the mask
         ("suites/test_semantics.py::test_thd_takes_padding_types_only[causal-cpu]", None,
