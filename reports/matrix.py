@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports.model import FAILING, ReportError, load_report, validate
-from reports.render import normalise_reason, reproducer, te_deviations_of
+from reports.render import reproducer, te_deviations_of
 
 SCHEMA = "te-conformance-matrix"
 SCHEMA_VERSION = 1
@@ -169,9 +169,8 @@ class Case:
 
     @property
     def mla(self) -> bool:
-        s = self._shape("d", "dv")
-        if s is not None:
-            return s[1] is not None and s[1] != s[0]
+        """The id marks MLA (mlaDxDV, AttnCase.id). Not the recorded shapes: the literal pins
+        take v = identity, dv = skv, to read the probabilities, which is no MLA case."""
         return any(re.fullmatch(r"mla\d+x\d+", t) for t in self.tokens)
 
     @property
@@ -308,7 +307,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("gqa", "Heads", "GQA / MQA", f"{NUMERIC_RULE} with fewer kv heads than q heads",
             _n(lambda c: c.gqa)),
     Feature("mla", "Heads", "MLA: v head dim != q, k head dim",
-            f"{NUMERIC_RULE} whose v head dim differs from q's", _n(lambda c: c.mla)),
+            f"{NUMERIC_RULE} whose id marks MLA (mlaDxDV)", _n(lambda c: c.mla)),
     Feature("max_logit", "Outputs", "max_logit (return_max_logit)",
             f"{NUMERIC_RULE} that ask for max_logit (id max_logit, mask table sbhd_max_logit, "
             "a test named for it)",
@@ -426,35 +425,52 @@ STATE_HELP = {
 _QUOTED = re.compile(r"(?<=[\s(])'[\w.+-]+'")
 
 
-def reason_parts(case: dict) -> list[str]:
+# what an adapter says when it declines a case (suites/adapters/base.py: not_supported_reasons,
+# unsupported_arguments, lacks)
+DECLINES = ("does not", "lacks", "takes no", "has no")
+
+
+def reason_parts(case: dict, name: str = "") -> list[str]:
     """The reasons a skipped or xfailed case gives, one by one: a TE deviation or fallback as
-    its id and title, any other reason split at '; ' (render.normalise_reason)."""
+    its id and title; a skip of implementation ``name`` split where the next reason begins with
+    its name (checks/attention.py joins the adapter's reasons with '; ', and one reason may hold
+    '; ' of its own); each once, sorted."""
     found = te_deviations_of(case)
     if found:
         return sorted(
             {f"TE fallback: {d['title']}" if d["id"] == "fallback" else
              f"TE deviation {d['id']}: {d['title']}" for d in found}
         )  # fmt: skip
-    return normalise_reason(case.get("skip_reason") or "-").split("; ")
+    reason = (case.get("skip_reason") or "-").strip().removeprefix("reason: ").strip() or "-"
+    parts = re.split(rf"; (?={re.escape(name)} )", reason) if name else [reason]
+    return sorted({p.strip() for p in parts if p.strip()})
 
 
-def main_reason(cases: list[dict], topic: tuple[str, ...] = ()) -> tuple[str, int, int]:
+def main_reason(
+    cases: list[dict], topic: tuple[str, ...] = (), name: str = ""
+) -> tuple[str, int, int]:
     """(reason, how many of the cases give it, how many distinct reasons they give): the reason
-    the most cases give, those naming the topic first; reasons that differ only in a quoted value
-    count as one, shown with their values ("does not support layout 't3hd', 'thd_thd_thd'")."""
+    the most cases give, the adapter's own refusals ("<name> lacks ...") first, then those naming
+    the topic; reasons that differ only in a quoted value count as one, shown with their values
+    ("does not support layout 't3hd', 'thd_thd_thd'")."""
     variants: dict[str, Counter] = {}  # template -> its reasons with their values
     count: Counter = Counter()  # template -> cases that give it
     for c in cases:
-        for template in {_QUOTED.sub("'*'", part) for part in reason_parts(c)}:
+        parts = reason_parts(c, name)
+        for template in {_QUOTED.sub("'*'", part) for part in parts}:
             count[template] += 1
-        for part in reason_parts(c):
+        for part in parts:
             variants.setdefault(_QUOTED.sub("'*'", part), Counter())[part] += 1
     words = [w.lower() for w in topic]
+
+    declines = tuple(f"{name} {verb} " for verb in DECLINES) if name else ()
 
     def rank(template: str):
         texts = [template.lower(), *(p.lower() for p in variants[template])]
         on_topic = any(w in t for w in words for t in texts)
-        return (not on_topic, -count[template], template)
+        # the adapter's own refusals first ("<name> lacks ..."), then the topic, then the count
+        return (not template.startswith(declines or "\0"), not on_topic, -count[template],
+                template)  # fmt: skip
 
     best = min(count, key=rank)
     parts = variants[best]
@@ -470,17 +486,12 @@ def main_reason(cases: list[dict], topic: tuple[str, ...] = ()) -> tuple[str, in
     return text, count[best], len(count)
 
 
-# what an adapter's declarations say when it declines a case (suites/adapters/base.py: not_supported
-# _reasons, unsupported_arguments, lacks)
-DECLINES = ("does not", "lacks", "takes no", "has no")
-
-
 def declined(case: dict, name: str) -> bool:
     """Whether a skipped case's reason is the implementation's own refusal: a part of it reads
     "<name> does not ...", "<name> lacks ...", "<name> takes no ..." or "<name> has no ..."
     ("transformer_engine not installed" is not: that is this machine)."""
     starts = tuple(f"{name} {verb} " for verb in DECLINES)
-    return any(p.startswith(starts) for p in reason_parts(case))
+    return any(p.startswith(starts) for p in reason_parts(case, name))
 
 
 def _tally(
@@ -515,7 +526,7 @@ def _tally(
     for key, group in (("reason", own or (other if cell["state"] == "not_run" else [])),
                        ("known_reason", xfailed)):  # fmt: skip
         if group:
-            cell[key], cell[f"{key}_cases"], cell[f"{key}s"] = main_reason(group, topic)
+            cell[key], cell[f"{key}_cases"], cell[f"{key}s"] = main_reason(group, topic, name)
     return cell
 
 
@@ -661,8 +672,7 @@ def summarize_run(report: dict, source: str = "report") -> dict:
             continue
         fields = {k: v for k, v in (c.get("fields") or {}).items() if k in FIELDS}
         if isinstance(fields.get("shapes"), dict):
-            fields["shapes"] = {k: v for k, v in fields["shapes"].items()
-                                if k in ("h", "hg", "d", "dv")}  # fmt: skip
+            fields["shapes"] = {k: v for k, v in fields["shapes"].items() if k in ("h", "hg")}
         small = {"nodeid": c["nodeid"], "outcome": c["outcome"], "fields": fields}
         if c["outcome"] in ("skipped", "xfailed") and c.get("skip_reason"):
             small["skip_reason"] = c["skip_reason"]
@@ -718,6 +728,7 @@ def cell_text(cell: dict, detail: bool = True) -> str:
         return text + (f"); reproduce: {cell['reproducer']}" if detail else ")")
     if s == "known":
         text = f"recorded deviation ({cell['xfailed']} of {n} expected failures"
+        text += f", {cell['passed']} passed" if cell["passed"] else ""
         return text + (f": {cell['known_reason']})" if detail else ")")
     if s == "unsupported":
         return "not supported" + (f" ({cell['reason']})" if detail else "")
@@ -734,7 +745,8 @@ def short_text(cell: dict) -> str:
     if s == "fail":
         return f"{cell['failed']} of {cell['cases']} FAIL"
     if s == "known":
-        return f"{cell['xfailed']} deviate"
+        done = f"{cell['passed']} passed, " if cell["passed"] else ""
+        return f"{done}{cell['xfailed']} deviate"
     if s == "unsupported":
         return "not supported"
     return "not run"
