@@ -487,3 +487,29 @@ def test_the_report_names_the_adapters_it_judged():
     assert judged_impls(_Config(None)) == default  # the suites' default selection
     assert judged_impls(_Config(["no_such_adapter"])) == ["no_such_adapter"]  # as given
     assert judged_impls(_Config(None, has_option=False)) is None  # not a run of the suites
+
+
+# ------------------------------------------------------------------ the committed picture
+
+
+def committed_matrix() -> dict:
+    paths = sorted((DOCS / "matrix_runs").glob("*.json"))
+    assert paths, "docs/matrix_runs/ holds the runs docs/matrix.png draws (tools/matrix.sh)"
+    return mx.build_matrix(mx.load_runs(paths))
+
+
+def test_the_committed_matrix_is_the_committed_runs():
+    """docs/matrix.{json,md,html,png} are what `python -m reports matrix` makes of the runs in
+    docs/matrix_runs/ (regenerate: tools/matrix.sh)."""
+    m = committed_matrix()
+    assert json.loads((DOCS / "matrix.json").read_text(encoding="utf-8")) == m
+    assert (DOCS / "matrix.json").read_text(encoding="utf-8") == mx.matrix_json(m)
+    assert (DOCS / "matrix.md").read_text(encoding="utf-8") == mx.render_markdown(m)
+    assert (DOCS / "matrix.html").read_text(encoding="utf-8") == mx.render_html(m)
+    assert mx.png_digest((DOCS / "matrix.png").read_bytes()) == mx.digest(m)
+    assert set(m["runs"]) == set(mx.CANONICAL)  # one run of each
+
+
+def test_the_docs_hold_the_feature_table():
+    text = (DOCS / "reports.md").read_text(encoding="utf-8")
+    assert mx.feature_table_markdown() in text
