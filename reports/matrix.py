@@ -394,6 +394,7 @@ UNCOUNTED_FILES = {
     "test_bad_input.py": "te_fast's op checks (its module rules have a row)",
     "test_fuzz.py": "te_fast's ops fuzzed (its module part has a row)",
     "test_double_backward.py": "te_fast's second-order gradients (ops and module, no adapter axis)",
+    "test_dispatch_paths.py": "te_fast's dispatch paths (its eager core), no adapter axis",
 }
 
 # ------------------------------------------------------------------------------------- cells

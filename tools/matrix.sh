@@ -7,12 +7,12 @@
 #   RUN=0 tools/matrix.sh      draw from the runs already in $OUT
 #
 # One subset for every adapter: the CPU cases of the suites with an adapter axis (the attention,
-# semantics, dropout and compile suites, the literal pins, the module tests of the determinism and
-# bad-input suites) and the FP8 suite, less test_dynamic_shapes, the inductor compile variant and
-# te_ref's own tables (the slow parts of a flex_attention CPU run); 2 workers. te_fast takes a few
-# minutes on an idle 2-core machine, flex_attention the longest. transformer_engine needs a Python with Transformer Engine 2.20.2
-# (requirements-te.txt, as .ci/te.sh installs it): TE_PYTHON, default $PYTHON; without TE its run
-# skips every case, and its column says so.
+# semantics, dropout and compile suites, the literal pins, the module tests of the determinism,
+# bad-input and fuzz suites) and the FP8 suite, less test_dynamic_shapes, the inductor compile
+# variant and te_ref's own tables (the slow parts of a flex_attention CPU run); 2 workers. Each run
+# takes a few minutes on an idle 2-core machine, flex_attention the longest. transformer_engine
+# needs a Python with Transformer Engine 2.20.2 (requirements-te.txt, as .ci/te.sh installs it):
+# TE_PYTHON, default $PYTHON; without TE its run skips every case, and its column says so.
 #
 # Environment: PYTHON (default python), TE_PYTHON (default $PYTHON), OUT (default
 # /tmp/matrix-runs), WORKERS (default 2), RUN (default 1).
@@ -28,7 +28,9 @@ SUITES=(suites/test_attention.py suites/test_semantics.py suites/test_semantics_
         suites/test_dropout.py suites/test_compile.py suites/test_fp8.py
         suites/test_determinism.py::test_module_determinism
         suites/test_determinism.py::test_module_dropout_same_seed
-        suites/test_bad_input.py::test_module_rule suites/test_bad_input.py::test_batch_neither_one_nor_b)
+        suites/test_bad_input.py::test_module_rule
+        suites/test_bad_input.py::test_batch_neither_one_nor_b
+        suites/test_fuzz.py::test_fuzz_module)
 SUBSET="not test_dynamic_shapes and not te_ref and not inductor"
 
 if [ "${RUN:-1}" != 0 ]; then
