@@ -1,13 +1,15 @@
-"""Command line: python -m reports run | compare | merge | render | screenshot."""
+"""Command line: python -m reports run | compare | merge | render | screenshot | matrix."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import shlex
 import signal
 import subprocess
 import sys
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -56,10 +58,13 @@ examples:
   python -m reports merge s1.json s2.json s3.json -o merged.json
   python -m reports render reports/latest/report.json
   python -m reports screenshot reports/baseline/h200.json -o docs/report_h200.png
+  python -m reports matrix runs/*/report.json --out reports/matrix
+                                                 the conformance matrix of several adapters' runs
 
 exit codes: 0 pass (or no baseline yet and nothing failed); 1 failing cases, regressions
             against the baseline, or a refused baseline update; 2 corrupt baseline,
             unreadable report or a run stopped early; other: pytest's own exit code.
+            matrix: 0 when drawn (whatever its cells say), 2 on bad input.
 
 The tool's own tests (tests/) are not part of the verdict: run them with `pytest -n auto tests`.
 """
@@ -218,6 +223,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--full-page", action="store_true", help="the whole page, not the first viewport"
     )
     shot.set_defaults(func=cmd_screenshot)
+
+    mtx = sub.add_parser(
+        "matrix",
+        allow_abbrev=False,
+        help="draw the conformance matrix: features against implementations",
+        description="Read the report.json of one run per implementation (python -m reports run "
+        "--impl NAME) and write matrix.md, matrix.html, matrix.png (with matplotlib) and "
+        "matrix.json: a row per feature (reports/matrix.py FEATURES), a column per implementation "
+        "(te_fast, torch.sdpa, flex_attention, transformer_engine, then any other), each cell "
+        "conformant, not conformant (failing count, one reproducer), a recorded deviation, not "
+        "supported (the most common skip reason) or not run. Exit 0 when drawn, 2 on input that "
+        "is not a report or two runs of one implementation.",
+    )
+    mtx.add_argument("reports", nargs="+", metavar="RUN.json", help="report.json of each run")
+    mtx.add_argument(
+        "--out", default="reports/matrix", metavar="DIR", help="output directory "
+        "(default: reports/matrix)"
+    )  # fmt: skip
+    mtx.add_argument(
+        "--columns",
+        metavar="A,B,...",
+        help="the implementations to show, in order (default: the four above, then the others)",
+    )
+    mtx.add_argument(
+        "--save-summaries",
+        metavar="DIR",
+        help="also write a compact copy of each run, DIR/<implementation>.json (the cases and "
+        "fields the matrix reads), and draw the matrix from those copies (docs/matrix_runs/)",
+    )
+    mtx.set_defaults(func=cmd_matrix)
     return parser
 
 
@@ -531,6 +566,44 @@ def cmd_screenshot(args: argparse.Namespace, _: list[str]) -> int:
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_bytes(tag_png(result.screenshot, info))
     print(f"{args.output}: {summary_line(report)}")
+    return 0
+
+
+def cmd_matrix(args: argparse.Namespace, _: list[str]) -> int:
+    """Write the conformance matrix of several runs."""
+    from reports import matrix as mx
+
+    runs = mx.load_runs(args.reports)
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+    drawn = mx.build_matrix(runs, columns)  # raises on two runs of one implementation
+    if args.save_summaries:
+        out = Path(args.save_summaries)
+        compact = []
+        for source, report in runs:
+            summary = mx.summarize_run(report, source)
+            name = "+".join(summary["environment"]["impls"])
+            path = out / (re.sub(r"[^\w.+-]", "_", name) + ".json")
+            mx.write_summary(summary, path)
+            compact.append((str(path), mx.load_report(path)))
+            print(f"{path}: {len(summary['cases'])} cases of {source}")
+        from_copies = mx.build_matrix(compact, columns)
+        if from_copies != drawn:  # summarize_run lost something the matrix reads
+            raise ReportError("the compact copies give another matrix than the runs (a bug)")
+        drawn = from_copies
+    written = mx.write(drawn, Path(args.out))
+    for path in written:
+        print(path)
+    if not any(p.name == "matrix.png" for p in written):
+        stale = Path(args.out) / "matrix.png"
+        print(
+            "matrix.png skipped: matplotlib is not installed (pip install matplotlib)"
+            + (f"; {stale} is an earlier one, left as it was" if stale.exists() else "")
+        )
+    for name in drawn["columns"]:
+        states = Counter(row["cells"][name]["state"] for row in drawn["rows"])
+        print(f"  {name}: " + ", ".join(
+            f"{n} {mx.STATES[s][0]}" for s, n in states.items()
+        ))  # fmt: skip
     return 0
 
 

@@ -363,22 +363,22 @@ class Chromium:
 PNG_KEY = b"te-conformance-report"  # the tEXt chunk saying which report a screenshot shows
 
 
-def tag_png(png: bytes, info: dict) -> bytes:
-    """The PNG with a tEXt chunk (key PNG_KEY) holding ``info`` as JSON, before IEND."""
-    body = b"tEXt" + PNG_KEY + b"\0" + json.dumps(info, sort_keys=True).encode("latin-1")
+def tag_png(png: bytes, info: dict, key: bytes = PNG_KEY) -> bytes:
+    """The PNG with a tEXt chunk (``key``) holding ``info`` as JSON, before IEND."""
+    body = b"tEXt" + key + b"\0" + json.dumps(info, sort_keys=True).encode("latin-1")
     chunk = len(body[4:]).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
     end = png.rindex(b"IEND") - 4
     return png[:end] + chunk + png[end:]
 
 
-def png_tag(png: bytes) -> dict | None:
-    """What tag_png() stored in a PNG (None when it holds no such chunk)."""
+def png_tag(png: bytes, key: bytes = PNG_KEY) -> dict | None:
+    """What tag_png() stored in a PNG under ``key`` (None when it holds no such chunk)."""
     pos = 8
     while pos + 8 <= len(png):
         length, kind = int.from_bytes(png[pos : pos + 4], "big"), png[pos + 4 : pos + 8]
         data = png[pos + 8 : pos + 8 + length]
-        if kind == b"tEXt" and data.startswith(PNG_KEY + b"\0"):
-            return json.loads(data[len(PNG_KEY) + 1 :].decode("latin-1"))
+        if kind == b"tEXt" and data.startswith(key + b"\0"):
+            return json.loads(data[len(key) + 1 :].decode("latin-1"))
         pos += 12 + length
     return None
 

@@ -177,6 +177,25 @@ def selection(config) -> dict:
     }
 
 
+def judged_impls(config) -> list[str] | None:
+    """The names of the adapters the run judges: the suites' --impl resolved to adapter names
+    (`package.module:Class` and entry points name their adapter's `name`), or the suites' default
+    selection without --impl; None where the suites' plugin is not loaded. `python -m reports
+    matrix` reads it (environment.impls) to put the run in its columns."""
+    try:
+        specs = config.getoption("impl")
+    except ValueError:  # no --impl option: not a run of the suites
+        return None
+    try:
+        from suites.adapters import selected
+    except ImportError:
+        return list(specs) if specs else None
+    try:
+        return [adapter.name for adapter in selected(config)]
+    except Exception:  # an --impl that does not resolve (or whose import fails): collection
+        return list(specs) if specs else None  # reports it; the report is written all the same
+
+
 def case_id(nodeid: str) -> str:
     """The parametrization id of a nodeid ('...::test_fwd[bf16-causal]' -> 'bf16-causal')."""
     name = nodeid.rsplit("::", 1)[-1]
@@ -238,6 +257,9 @@ class ReportWriter:
             self.config.getoption("te_machine_class"),
         )
         self.environment["selection"] = selection(self.config)
+        impls = judged_impls(self.config)
+        if impls is not None:
+            self.environment["impls"] = impls
 
     def _add(self, report) -> None:
         t = self.tests.setdefault(
