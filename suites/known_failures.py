@@ -18,17 +18,23 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class KnownFailure:
     """One test expected to fail SPEC §6's rule on ``tensor`` (a name check_ratio is given:
-    "out", "dk", "y", "dx", ...), for ``reason``."""
+    "out", "dk", "y", "dx", ...; several, comma-separated, when the case fails on each of them
+    and on nothing else), for ``reason``."""
 
     tensor: str
     reason: str
 
     @property
-    def raises(self) -> type[AssertionError]:
-        """The exception the xfail expects: this tensor's error-ratio failure only."""
-        from suites.checks.numerics import ratio_error
+    def tensors(self) -> tuple[str, ...]:
+        """The tensors that fail: "dq" or, for a case that fails on several, "dk,dq"."""
+        return tuple(t.strip() for t in self.tensor.split(","))
 
-        return ratio_error(self.tensor)
+    @property
+    def raises(self) -> type[AssertionError]:
+        """The exception the xfail expects: these tensors' error-ratio failures, exactly."""
+        from suites.checks.numerics import ratio_errors
+
+        return ratio_errors(self.tensors)
 
     def marker_reason(self) -> str:
         return f"known failure: {self.tensor} (SPEC §6 ratio, strict): {self.reason}"
@@ -83,3 +89,76 @@ KNOWN_FAILURES = {
         ),
     ),
 }
+
+
+# torch.nn.attention.flex_attention on the CPU (torch 2.13, `--impl flex_attention`, which CI runs
+# from outside the checkout): its dense math backward (torch/_higher_order_ops/flex_attention.py,
+# sdpa_dense_backward) recomputes the probabilities as exp(s - lse) from a logsumexp kept in log2
+# units and takes the softmax backward's row term as sum(out * dout) from the rounded output
+# (FlashAttention's form), where te_ref's same-precision composite differentiates its softmax
+# directly. Where the float64 gradient is exactly 0 (a row with one visible key: the one_token
+# cases) flex gives about 1e-7 and the bound is the floor; elsewhere fp32 gradients land 1.0-1.3x
+# over the bound at one or two elements. docs/adapters.md#the-flex_attention-adapter. Each entry
+# names the tensors that fail on torch 2.13 (a case failing on several fails on exactly those).
+_FLEX_EXACT_ZEROS = (
+    "flex_attention's dense backward: exact-zero gradients (one visible key per row) come out "
+    "about 1e-7 (exp(s - lse) from a log2 logsumexp, row term sum(out * dout))"
+)
+_FLEX_ROUNDING = (
+    "flex_attention's dense backward: one or two fp32 gradient elements 1.0-1.3x over the bound "
+    "(exp(s - lse) recomputed from a log2 logsumexp, row term sum(out * dout) from the rounded "
+    "output)"
+)
+_FLEX_FUZZ = (
+    "the fuzz's shrunk example for flex_attention: its dense backward's exact-zero and fp32 "
+    "roundings as in the deterministic cases (exp(s - lse), row term sum(out * dout))"
+)
+_FLEX = {
+    "suites/test_attention.py::test_alibi[bshd_bshd_bshd-fp32-no_mask-h6-alibi-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alibi[bshd_bshd_bshd-fp32-no_mask-h6-alibi-slopes_bh-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-arbitrary-one_token-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-arbitrary-one_token-diag_br-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-arbitrary-one_token-diag_tl-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-causal-one_token-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-causal-one_token-diag_br-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-causal-one_token-diag_tl-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-causal_bottom_right-one_token-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-causal_bottom_right-one_token-diag_br-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-causal_bottom_right-one_token-diag_tl-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-no_mask-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-no_mask-one_token-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-no_mask-one_token-diag_br-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-no_mask-one_token-diag_tl-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding-cross13x22-diag_br-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding-cross22x13-diag_tl-pad_cu_seqlens-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding-one_token-diag_br-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding-one_token-diag_tl-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding-one_token-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal-cross13x22-diag_br-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal-cross13x22-diag_tl-pad_cu_seqlens-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal-cross22x13-pad_cu_seqlens-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal-one_token-diag_br-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal-one_token-diag_tl-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal-one_token-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal_bottom_right-cross13x22-diag_br-pad_cu_seqlens-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal_bottom_right-one_token-diag_br-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal_bottom_right-one_token-diag_tl-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal_bottom_right-one_token-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_broad[sbh3d-fp32-padding-alibi-win-1_-1-pad_mask-cpu-flex_attention]": ('dk,dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_broad[sbhd_sb2hd-fp32-no_mask-post_scale_bias_11ss-learnable-win0_0-diag_br-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_core[bs3hd-fp32-causal_bottom_right-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_core[bshd_bshd_bshd-fp32-no_mask-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_core[sbhd_sbhd_sbhd-fp32-no_mask-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_core[thd_thd_thd-fp32-padding_causal_bottom_right-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_core[thd_thd_thd-fp32-padding_causal_bottom_right-gqa2-cpu-flex_attention]": ('dk,dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_default_scale[sbhd_sbhd_sbhd-bf16-no_mask-gqa2-mla16x11-cross13x22-scale_default-cpu-flex_attention]": ('dv', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_fuzz.py::test_fuzz_module[mixed-cpu-flex_attention]": ('dbias', _FLEX_FUZZ),
+    "suites/test_fuzz.py::test_fuzz_module[sbhd-cpu-flex_attention]": ('dk,dq', _FLEX_FUZZ),
+    "suites/test_fuzz.py::test_fuzz_module[thd-cpu-flex_attention]": ('dk,dq', _FLEX_FUZZ),
+    "suites/test_attention.py::test_thd_inference[thd_bshd_bshd-fp32-padding_causal_bottom_right-gqa2-cache+9-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_thd_inference[thd_bshd_bshd-fp32-padding_causal_bottom_right-zero_length-cache+9-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_thd_inference[thd_sbhd_sbhd-fp32-padding_causal_bottom_right-zero_length-cache+9-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+}
+KNOWN_FAILURES.update(
+    {node: KnownFailure(tensor, reason) for node, (tensor, reason) in _FLEX.items()}
+)

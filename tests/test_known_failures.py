@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from suites.checks.numerics import CheckError, RatioError, ratio_error
+from suites.checks.numerics import CheckError, RatioError, ratio_error, ratio_errors
 from suites.known_failures import KNOWN_FAILURES, KnownFailure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ def test_every_known_failure_is_a_collected_test():
     files = sorted({nodeid.split("::")[0] for nodeid in KNOWN_FAILURES})
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "-p", "no:xdist", *files],
+         "-p", "no:xdist", "--impl", "te_fast", "--impl", "flex_attention", *files],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     collected = set(out.stdout.split())
@@ -45,7 +45,7 @@ def test_known_failures_run_as_strict_narrow_xfails():
     for item, known in zip(items, KNOWN_FAILURES.values()):
         (mark,) = item.marks
         assert mark.name == "xfail" and mark.kwargs["strict"] is True
-        assert mark.kwargs["raises"] is ratio_error(known.tensor)
+        assert mark.kwargs["raises"] is ratio_errors(known.tensors)
         assert mark.kwargs["reason"].startswith(f"known failure: {known.tensor} ")
     assert not items[-1].marks
 
@@ -149,7 +149,28 @@ def test_only_the_named_tensors_ratio_failure_counts(tmp_path):
 
 @pytest.mark.parametrize("known", list(KNOWN_FAILURES.values()))
 def test_entries_name_a_tensor(known):
-    assert re.fullmatch(r"[a-z_]+", known.tensor), known
+    assert all(re.fullmatch(r"[a-z_]+", t) for t in known.tensors), known
+    assert list(known.tensors) == sorted(set(known.tensors)), known
+
+
+def test_several_tensors_expect_exactly_those():
+    """An entry naming "dk,dq" expects a judgement that failed on dk and dq and nothing else."""
+    from suites.checks.numerics import CheckError, JudgementError, raise_failures, ratio_errors
+
+    def judged(*tensors):
+        try:
+            raise_failures([CheckError.new("ratio", t, f"{t}: over") for t in tensors])
+        except AssertionError as e:
+            return e
+        raise AssertionError("raise_failures raised nothing")
+
+    want = ratio_errors(("dk", "dq"))
+    assert isinstance(judged("dq", "dk"), want)
+    assert not isinstance(judged("dk", "dq", "dv"), want)
+    assert not isinstance(judged("dq"), want)
+    assert not isinstance(judged("dk", "dq", "dv"), ratio_errors(("dk", "dv")))
+    assert isinstance(judged("dq"), ratio_errors(("dq",)))
+    assert issubclass(want, JudgementError)
 
 
 # ------------------------------------------------------------------ TE deviations: strict, narrow

@@ -55,11 +55,33 @@ def ratio_error(tensor: str) -> type[CheckError]:
 
 class JudgementError(AssertionError):
     """Several checks failed in one judgement: ``failures`` holds each CheckError (the message
-    joins theirs). One failure alone is raised as itself."""
+    joins theirs). One failure alone is raised as itself. Where every failure is a CheckError,
+    the error is an instance of ``JudgementError.of(keys)``, one subclass per set of (kind,
+    tensor) pairs, so that a known failure can expect exactly those tensors' failures."""
+
+    keys: frozenset = frozenset()
+    _classes: dict[frozenset, type] = {}
 
     def __init__(self, failures: list[AssertionError]):
         super().__init__("\n".join(str(f) for f in failures))
         self.failures = list(failures)
+
+    @staticmethod
+    def of(keys: frozenset) -> type[JudgementError]:
+        """The class of a judgement whose failures are exactly ``keys`` ((kind, tensor) pairs)."""
+        cls = JudgementError._classes.get(keys)
+        if cls is None:
+            cls = type("JudgementError", (JudgementError,), {"keys": keys})
+            cls.__module__ = __name__
+            JudgementError._classes[keys] = cls
+        return cls
+
+
+def ratio_errors(tensors: tuple[str, ...]) -> type[AssertionError]:
+    """The class of SPEC §6 ratio failures of exactly ``tensors`` (one: ratio_error's)."""
+    if len(tensors) == 1:
+        return ratio_error(tensors[0])
+    return JudgementError.of(frozenset(("ratio", t) for t in tensors))
 
 
 def raise_failures(failures: list[AssertionError]) -> None:
@@ -67,6 +89,9 @@ def raise_failures(failures: list[AssertionError]) -> None:
     if len(failures) == 1:
         raise failures[0]
     if failures:
+        if all(isinstance(f, CheckError) for f in failures):
+            keys = frozenset((f.kind, f.tensor) for f in failures)
+            raise JudgementError.of(keys)(failures)
         raise JudgementError(failures)
 
 
