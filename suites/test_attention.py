@@ -301,7 +301,16 @@ ONE_KEY_KERNEL = {
     "arbitrary": "scaled_masked_softmax",
     "padding": "scaled_masked_softmax",
 }
-ONE_KEY_H, ONE_KEY_HG, ONE_KEY_D = 4, 2, 8  # GQA: query head hh reads kv head hh // 2
+ONE_KEY_H, ONE_KEY_HG, ONE_KEY_D = 4, 2, 8
+# Exact by construction in te_fast on every device (its softmax kernels form exp(0) = 1 over a sum
+# of 1, and P @ V with a one-hot P rounds nothing), and in torch's CPU kernels (torch.sdpa and
+# flex_attention pass on the CPU). A fused CUDA kernel with an online softmax may form the
+# exponent as exp2(fma(s, scale * log2 e, -max)), the product's rounding error where 0 belongs:
+# nothing promises 1.0 there, and SPEC §6 asks it only through the error-ratio rule.
+ONE_KEY_CUDA_SKIP = (
+    "exact one-key rows are asked of te_fast on CUDA only: a fused kernel's online softmax need "
+    "not give exactly 1.0 (SPEC §6 judges it by the error-ratio rule)"
+)  # GQA: query head hh reads kv head hh // 2
 
 
 def _one_key_call(variant: str, dtype_name: str, device: torch.device, gen: torch.Generator):
@@ -365,6 +374,8 @@ def test_one_kept_key_gives_its_value_row(adapter, variant, dtype_name, device_n
     reason = adapter.unavailable_reason(device_name)
     if reason:
         pytest.skip(reason)
+    if adapter.name != "te_fast" and device_name != "cpu":
+        pytest.skip(ONE_KEY_CUDA_SKIP)
     gen = torch.Generator().manual_seed(list(ONE_KEY).index(variant) * 7 + len(dtype_name))
     call = _one_key_call(variant, dtype_name, device, gen)
     reasons = adapter.not_supported_reasons(call[0])
