@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from reports import record
 from suites import devices
 from suites.adapters import Adapter, parametrize_per_adapter, require, selected
 from suites.cases import (
+    DTYPES,
     AttnCase,
     alibi_matrix,
     alignment_matrix,
@@ -21,6 +24,7 @@ from suites.cases import (
 )
 from suites.checks import contracts
 from suites.checks.attention import check_case, prepare, run_impl
+from suites.checks.numerics import assert_bitwise_equal
 
 BROAD_COUNT = {"cpu": 60, "cuda": 160}
 
@@ -276,3 +280,117 @@ def test_no_host_sync(adapter, case):
     _, inputs = prepare(adapter, case)
     module = adapter.build(case, case.d**-0.5)
     contracts.assert_no_host_sync(lambda: run_impl(adapter, module, case, inputs))
+
+
+# ----------------------------------------------------------------------------- one kept key
+
+# variant -> (attn_mask_type, sq, skv, kv lengths or None): the query rows with exactly one kept
+# key are row 0 (top-left causal, sq = skv), row sq - skv (bottom-right, sq > skv; the rows above
+# it keep nothing), every row (an arbitrary mask keeping one random key per batch, head and row)
+# and every row of batch element 0 (padding, kv length 1).
+ONE_KEY = {
+    "causal": ("causal", 7, 7, None),
+    "causal_bottom_right": ("causal_bottom_right", 9, 5, None),
+    "arbitrary": ("arbitrary", 7, 11, None),
+    "padding": ("padding", 7, 11, (1, 11)),
+}
+# the te_fast softmax each variant's forward takes (te_fast.attention.DISPATCH_PATHS)
+ONE_KEY_KERNEL = {
+    "causal": "scaled_upper_triang_masked_softmax",
+    "causal_bottom_right": "scaled_aligned_causal_masked_softmax",
+    "arbitrary": "scaled_masked_softmax",
+    "padding": "scaled_masked_softmax",
+}
+ONE_KEY_H, ONE_KEY_HG, ONE_KEY_D = 4, 2, 8
+# Exact by construction in te_fast on every device (its softmax kernels form exp(0) = 1 over a sum
+# of 1, and P @ V with a one-hot P rounds nothing), and in torch's CPU kernels (torch.sdpa and
+# flex_attention pass on the CPU). A fused CUDA kernel with an online softmax may form the
+# exponent as exp2(fma(s, scale * log2 e, -max)), the product's rounding error where 0 belongs:
+# nothing promises 1.0 there, and SPEC §6 asks it only through the error-ratio rule.
+ONE_KEY_CUDA_SKIP = (
+    "exact one-key rows are asked of te_fast on CUDA only: a fused kernel's online softmax need "
+    "not give exactly 1.0 (SPEC §6 judges it by the error-ratio rule)"
+)  # GQA: query head hh reads kv head hh // 2
+
+
+def _one_key_call(variant: str, dtype_name: str, device: torch.device, gen: torch.Generator):
+    """(case, q, k, v, kwargs, rows, keys): a bshd call whose ``rows`` [b, sq, h] (bool) keep
+    exactly one key each, ``keys`` [b, sq, h] naming it."""
+    mask_type, sq, skv, lengths = ONE_KEY[variant]
+    b, h, hg, d = 2, ONE_KEY_H, ONE_KEY_HG, ONE_KEY_D
+    case = AttnCase("bshd_bshd_bshd", dtype_name, mask_type, device=device.type, b=b, sq=sq,
+                    skv=skv, h=h, hg=hg, d=d, dv=d)  # fmt: skip
+    dtype = DTYPES[dtype_name]
+    q, k, v = (
+        torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+        for shape in ((b, sq, h, d), (b, skv, hg, d), (b, skv, hg, d))
+    )
+    kwargs = {"qkv_layout": case.layout, "attn_mask_type": mask_type}
+    rows = torch.zeros(b, sq, h, dtype=torch.bool)
+    keys = torch.zeros(b, sq, h, dtype=torch.long)
+    if variant == "causal":
+        rows[:, 0] = True
+    elif variant == "causal_bottom_right":
+        rows[:, sq - skv] = True
+    elif variant == "arbitrary":
+        keys = torch.randint(skv, (b, sq, h), generator=gen)
+        one = torch.ones(b, h, sq, skv, dtype=torch.bool)  # True = masked out
+        one.scatter_(-1, keys.permute(0, 2, 1).unsqueeze(-1), False)
+        kwargs["attention_mask"] = one.to(device)
+        rows[:] = True
+    else:
+        cu_kv = [0, lengths[0], lengths[0] + lengths[1]]
+        kwargs["cu_seqlens_q"] = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device=device)
+        kwargs["cu_seqlens_kv"] = torch.tensor(cu_kv, dtype=torch.int32, device=device)
+        rows[0] = True
+    return case, q, k, v, kwargs, rows, keys
+
+
+def _assert_rows_are_value_rows(adapter, case, q, k, v, kwargs, rows, keys, where):
+    module = adapter.build(case, case.d**-0.5)
+    with torch.no_grad():
+        out = adapter.call(module, case, q, k, v, kwargs)[0]
+    got = out.view(case.b, case.sq, case.h, case.dv)[rows]
+    heads = torch.arange(case.h).view(1, 1, -1).expand_as(keys) // (case.h // case.hg)
+    batch = torch.arange(case.b).view(-1, 1, 1).expand_as(keys)
+    want = v[batch[rows], keys[rows], heads[rows]]  # [rows, dv]
+    assert got.dtype == v.dtype, f"{where}: output dtype {got.dtype}, v {v.dtype}"
+    assert_bitwise_equal(f"{where}: the rows with one kept key vs that key's v row", got, want)
+
+
+@pytest.mark.per_adapter(
+    variant=list(ONE_KEY), dtype_name=["fp32", "bf16"], device_name=devices.device_params()
+)
+def test_one_kept_key_gives_its_value_row(adapter, variant, dtype_name, device_name, monkeypatch):
+    """A query row that keeps exactly one key puts probability exactly 1.0 on it, so its output
+    is that key's value row bit for bit (P @ V with a one-hot P rounds nothing): for each mask
+    type that can leave one key (causal row 0, bottom-right row sq - skv, an arbitrary mask,
+    a kv length of 1), with GQA. No error-ratio floor applies. te_fast: the forward must take
+    the causal or masked softmax kernel (its dispatch counters), for bf16 also through its eager
+    core (the size threshold lowered to 0 here)."""
+    record.case(impl=adapter.name, layout="bshd_bshd_bshd", dtype=dtype_name,
+                mask_type=f"one_key:{variant}", device=device_name)  # fmt: skip
+    device = devices.require(device_name, needs_te_fast=adapter.name == "te_fast")
+    reason = adapter.unavailable_reason(device_name)
+    if reason:
+        pytest.skip(reason)
+    if adapter.name != "te_fast" and device_name != "cpu":
+        pytest.skip(ONE_KEY_CUDA_SKIP)
+    gen = torch.Generator().manual_seed(list(ONE_KEY).index(variant) * 7 + len(dtype_name))
+    call = _one_key_call(variant, dtype_name, device, gen)
+    reasons = adapter.not_supported_reasons(call[0])
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    if adapter.name != "te_fast":
+        _assert_rows_are_value_rows(adapter, *call, where=variant)
+        return
+    from te_fast.attention import UnfusedDotProductAttention
+
+    for path in ("ops", "core") if dtype_name != "fp32" else ("ops",):
+        if path == "core":
+            monkeypatch.setattr(UnfusedDotProductAttention, "core_min_score_bytes", 0)
+        counts = collections.Counter()
+        monkeypatch.setattr(UnfusedDotProductAttention, "dispatch_counts", counts)
+        _assert_rows_are_value_rows(adapter, *call, where=f"{variant} ({path} path)")
+        took = f"{path}:{ONE_KEY_KERNEL[variant]}"
+        assert counts[took] == 1, f"{variant}: expected one forward down {took}, took {counts}"

@@ -191,6 +191,65 @@ def test_neg_inf_rows_are_zero(device_name):
     )
 
 
+# Row lengths for the one-live-column rows: 1 (every row keeps at most one column) and one per
+# CUDA forward path of ROW_LENGTHS (one-element chunks, a warp, CTAs, the long kernel).
+ONE_COLUMN_LENGTHS = (1, 3, 17, 128, 1000, 4099, 20000)
+
+
+def _one_live_column(variant: str, sk: int, gen: torch.Generator):
+    """(op, x, mask, expected) where every row has at most one live column: the op's own mask
+    (causal rule, explicit mask) keeps it alone in some rows -- row 0 top-left causal, row
+    sq - sk bottom-right with sq > sk, every even row of an explicit mask, every row at sk = 1 --
+    and elsewhere the other kept columns score -inf. ``expected`` is typed, not computed: 1.0 at
+    the live column, 0.0 elsewhere, all 0.0 in a row with nothing kept (CPU tensors)."""
+    op_name, mask_kind = VARIANTS[variant]
+    op = SOFTMAX_OPS[op_name]
+    bottom_right = op_name == "scaled_aligned_causal_masked_softmax"
+    sq = sk + 2 if bottom_right and sk <= 128 else 5
+    shape = (6, sq, sk) if op.rank == 3 else (2, 3, sq, sk)
+    i = torch.arange(sq).view(sq, 1)
+    j = torch.arange(sk).view(1, sk)
+    keep = torch.ones(sq, sk, dtype=torch.bool)
+    if op_name == "scaled_upper_triang_masked_softmax":
+        keep = j <= i
+    elif bottom_right:
+        keep = j <= i + sk - sq
+    keep = keep.expand(shape)
+    mask = None
+    if op.masked:
+        mshape = (shape[0] if mask_kind == "batch" else 1, 1, sq, sk)
+        mask = torch.rand(mshape, generator=gen) < 0.3
+        alone = torch.randint(sk, (*mshape[:-1], 1), generator=gen)
+        mask[..., ::2, :] = torch.ones(mshape, dtype=torch.bool).scatter(-1, alone, False)[
+            ..., ::2, :
+        ]
+        keep = keep & ~mask
+    live = (torch.rand(shape, generator=gen) - 2 * (~keep).float()).argmax(-1, keepdim=True)
+    expected = torch.zeros(shape).scatter(-1, live, 1.0) * keep.any(-1, keepdim=True)
+    x = (torch.randn(shape, generator=gen) * 3).masked_fill(keep & (expected == 0), float("-inf"))
+    return op, x, mask, expected
+
+
+@pytest.mark.parametrize("sk", ONE_COLUMN_LENGTHS, ids=lambda n: f"sk{n}")
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("dtype_name", SOFTMAX_DTYPES)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_one_live_column_is_exactly_one(variant, dtype_name, device_name, sk):
+    """A row with one live column gives exactly 1.0 there and exactly 0.0 elsewhere, bit for
+    bit, whatever the op, dtype and row length: exp(0) = 1 over a sum of 1 leaves nothing to
+    round. No error-ratio floor applies (SPEC §6's tiny-tensor floor would hide 1 - 1 ulp)."""
+    _record(VARIANTS[variant][0], dtype_name, device_name, VARIANTS[variant][1] or "-")
+    device = devices.require(device_name)
+    gen = torch.Generator().manual_seed(sk * 31 + SOFTMAX_DTYPES.index(dtype_name))
+    op, x, mask, expected = _one_live_column(variant, sk, gen)
+    record.case(shapes={"x": list(x.shape)})
+    dtype = DTYPES[dtype_name]
+    extra = (mask.to(device),) if op.masked else ()
+    y = op.fast(x.to(device=device, dtype=dtype), *extra, SCALE)
+    assert y.dtype == dtype and y.shape == x.shape
+    check_exact("y", y, expected)
+
+
 @pytest.mark.parametrize("device_name", devices.device_params())
 @pytest.mark.parametrize("sk", (33, 3000), ids=lambda n: f"sk{n}")
 def test_strided_inputs_match_contiguous(device_name, sk):
