@@ -370,10 +370,10 @@ def test_one_kept_key_gives_its_value_row(adapter, variant, dtype_name, device_n
     core (the size threshold lowered to 0 here)."""
     record.case(impl=adapter.name, layout="bshd_bshd_bshd", dtype=dtype_name,
                 mask_type=f"one_key:{variant}", device=device_name)  # fmt: skip
-    device = devices.require(device_name, needs_te_fast=adapter.name == "te_fast")
-    reason = adapter.unavailable_reason(device_name)
+    reason = adapter.unavailable_reason(device_name)  # first: an absent adapter says so
     if reason:
         pytest.skip(reason)
+    device = devices.require(device_name, needs_te_fast=adapter.name == "te_fast")
     if adapter.name != "te_fast" and device_name != "cpu":
         pytest.skip(ONE_KEY_CUDA_SKIP)
     gen = torch.Generator().manual_seed(list(ONE_KEY).index(variant) * 7 + len(dtype_name))
