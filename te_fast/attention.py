@@ -26,7 +26,7 @@ CORE_MIN_SCORE_BYTES = 64 << 20
 
 # The ways a forward goes, counted per plain eager call in UnfusedDotProductAttention.
 # dispatch_counts (traces are not counted: a compiled graph runs what its trace chose). The
-# suites check that every path has a case (suites/test_attention.py).
+# suites check that every path has a case (suites/test_dispatch_paths.py).
 DISPATCH_PATHS = (
     "fp8",  # the FP8 eager island
     *(f"ops:{kind}" for kind in _eager.SOFTMAX_KINDS),  # whole-tensor ops, by vanilla softmax op
