@@ -156,11 +156,14 @@ class FlexDotProductAttention(torch.nn.Module):
         sq, skv = qh.shape[2], kh.shape[2]
         pad_q = pad_kv = None  # (b, s) True = padding: a padding mask masks what it marks
         if qf != "thd" and attn_mask_type.startswith("padding"):
-            lq, lkv = _padding_lengths(attention_mask, cu_seqlens_q, cu_seqlens_kv, sq, skv)
-            if attention_mask is not None:  # left padding too (SPEC §2.3); lengths: alignment
+            if attention_mask is not None:  # ([b, 1, 1, s], True = padding, or a (q, kv) pair)
                 pair = isinstance(attention_mask, (tuple, list))
                 mq, mkv = attention_mask if pair else (attention_mask, attention_mask)
-                pad_q, pad_kv = mq.reshape(b, sq), mkv.reshape(b, skv)
+                pad_q, pad_kv = mq.reshape(b, sq), mkv.reshape(b, skv)  # left padding too
+                lq, lkv = (~pad_q).sum(dim=1), (~pad_kv).sum(dim=1)  # for the alignment
+            else:  # lengths from cu_seqlens (cu_seqlens_kv defaults to the q lengths)
+                lq = cu_seqlens_q.diff().long()
+                lkv = cu_seqlens_kv.diff().long() if cu_seqlens_kv is not None else lq
         if lq is None:
             lq = torch.full((b,), sq, dtype=torch.long, device=device)
         if lkv is None:
@@ -308,14 +311,3 @@ def _padded_to_thd(o, cu_seqlens, t):
     batch = torch.where(real, batch, 0)
     pos = torch.where(real, tokens - cu_seqlens[:-1].long()[batch], 0)
     return torch.where(real[:, None, None], o[batch, pos], 0)
-
-
-def _padding_lengths(attention_mask, cu_seqlens_q, cu_seqlens_kv, sq, skv):
-    """(lq, lkv) (b,) of a padding type on sbhd/bshd: from the mask ([b, 1, 1, s], True =
-    padding, or a (q, kv) pair) or from cu_seqlens (cu_seqlens_kv defaults to the q lengths)."""
-    if attention_mask is not None:
-        pair = isinstance(attention_mask, (tuple, list))
-        mq, mkv = attention_mask if pair else (attention_mask, attention_mask)
-        return (~mq).sum(dim=(1, 2, 3)), (~mkv).sum(dim=(1, 2, 3))
-    lq = cu_seqlens_q.diff().long()
-    return lq, cu_seqlens_kv.diff().long() if cu_seqlens_kv is not None else lq
