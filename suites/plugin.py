@@ -63,6 +63,16 @@ def pytest_configure(config):
     pinning.configure(config)
 
 
+def pytest_generate_tests(metafunc):
+    """``@pytest.mark.per_adapter(**axes)``: the axes and the selected adapters
+    (suites.adapters.parametrize_per_adapter)."""
+    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
+    if per_adapter is not None:
+        from suites.adapters import parametrize_per_adapter
+
+        parametrize_per_adapter(metafunc, per_adapter.kwargs)
+
+
 def suite_nodeid(item) -> str:
     """The item's nodeid as the checkout names it ('suites/test_x.py::...'), wherever the suites
     are installed and whatever the rootdir: the key of suites/known_failures.py."""

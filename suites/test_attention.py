@@ -10,7 +10,7 @@ import torch
 import te_ref
 from reports import record
 from suites import devices
-from suites.adapters import Adapter, parametrize_per_adapter, require, selected
+from suites.adapters import Adapter, require, selected
 from suites.cases import (
     DTYPES,
     AttnCase,
@@ -55,9 +55,6 @@ def pytest_generate_tests(metafunc):
     matrix = metafunc.definition.get_closest_marker("matrix")
     if matrix is not None:
         metafunc.parametrize("adapter,case", _matrix_params(metafunc.config, *matrix.args))
-    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
-    if per_adapter is not None:
-        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 def _ready(adapter: Adapter, capability: str, device_name: str) -> torch.device:

@@ -22,7 +22,7 @@ import te_fast
 import te_ref
 from reports import record
 from suites import devices
-from suites.adapters import parametrize_per_adapter, require
+from suites.adapters import require
 from suites.cases import AttnCase
 from suites.checks import contracts
 from suites.fuzz.checks import poisoned_rows
@@ -34,10 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DEVICES = devices.device_params()
 
 
-def pytest_generate_tests(metafunc):
-    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
-    if per_adapter is not None:
-        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 def _record(what: str, device_name: str) -> None:

@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 
 from reports import record
 from suites import devices
-from suites.adapters import ADAPTERS, parametrize_per_adapter, require, selected
+from suites.adapters import ADAPTERS, require, selected
 from suites.cases import AttnCase, make_inputs, sized
 from suites.checks import contracts
 from suites.checks.attention import judge_against_reference, prepare, run_impl
@@ -107,9 +107,6 @@ def _params(config):
 def pytest_generate_tests(metafunc):
     if {"adapter", "variant", "case"} <= set(metafunc.fixturenames):
         metafunc.parametrize("adapter,variant,case", _params(metafunc.config))
-    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
-    if per_adapter is not None:
-        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 def _compile(module, variant, **extra):

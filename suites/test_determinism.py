@@ -19,8 +19,7 @@ import pytest
 
 from reports import record
 from suites import devices
-from suites.adapters import parametrize_per_adapter, require
-from suites.adapters.base import Adapter
+from suites.adapters import ready
 from suites.cases import AttnCase, sized
 from suites.checks import invariance
 from suites.op_cases import SOFTMAX_DTYPES, SOFTMAX_OPS
@@ -28,10 +27,6 @@ from suites.op_cases import SOFTMAX_DTYPES, SOFTMAX_OPS
 DEVICES = devices.device_params()
 
 
-def pytest_generate_tests(metafunc):
-    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
-    if per_adapter is not None:
-        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 VARIANTS = [
@@ -93,19 +88,6 @@ def _module_case(case: AttnCase, device_name: str) -> AttnCase:
                  gqa=case.h // case.hg)  # fmt: skip
 
 
-def _ready(adapter: Adapter, case: AttnCase, *capabilities: str):
-    """The device, once the adapter has the capabilities there and can run the case; else skip
-    with the reason."""
-    for capability in capabilities:
-        require(adapter, capability, case.device)
-    device = devices.require(case.device, needs_te_fast=adapter.name == "te_fast")
-    reasons = [adapter.unavailable_reason(case.device), *adapter.not_supported_reasons(case)]
-    reasons = [r for r in reasons if r]
-    if reasons:
-        pytest.skip("; ".join(reasons))
-    return device
-
-
 MODULE_PARAMS = [pytest.param(c, id=c.id.rsplit("-", 1)[0]) for c in MODULE_CASES]
 
 
@@ -115,7 +97,7 @@ def test_module_determinism(adapter, case, device_name):
     (output, max_logit, every gradient)."""
     case = _module_case(case, device_name)
     record.case(impl=adapter.name, **case.fields())
-    device = _ready(adapter, case, "deterministic")
+    device = ready(adapter, case, "deterministic")
     invariance.check_module_determinism(case, device, adapter=adapter)
 
 
@@ -125,5 +107,5 @@ def test_module_dropout_same_seed(adapter, device_name):
     and another seed a different output."""
     case = _module_case(AttnCase("bshd_bshd_bshd", "bf16", "causal"), device_name)
     record.case(impl=adapter.name, dropout=0.2, **case.fields())
-    device = _ready(adapter, case, "deterministic", "dropout")
+    device = ready(adapter, case, "deterministic", "dropout")
     invariance.check_dropout_seeded(case, device, adapter=adapter)

@@ -20,7 +20,7 @@ import torch
 
 from reports import record
 from suites import devices
-from suites.adapters import parametrize_per_adapter, require
+from suites.adapters import require
 from suites.adapters.base import Adapter
 from suites.cases import AttnCase
 
@@ -32,10 +32,6 @@ LAYOUT = "bshd_bshd_bshd"
 DEVICE_AXIS = devices.device_params()
 
 
-def pytest_generate_tests(metafunc):
-    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
-    if per_adapter is not None:
-        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 def _case(device_name: str, mask_type: str = "no_mask") -> AttnCase:

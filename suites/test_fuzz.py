@@ -15,7 +15,6 @@ import pytest
 
 from reports import record
 from suites import devices
-from suites.adapters import parametrize_per_adapter
 from suites.plugin import suite_nodeid
 
 pytest.importorskip(
@@ -33,10 +32,6 @@ from suites.op_cases import SOFTMAX_OPS  # noqa: E402
 DEVICES = devices.device_params()
 
 
-def pytest_generate_tests(metafunc):
-    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
-    if per_adapter is not None:
-        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 def _record(what: str, device_name: str, kind: str, impl: str = "te_fast") -> int:

@@ -43,7 +43,7 @@ import te_ref
 import te_ref.fp8 as ref8
 from reports import record
 from suites import devices
-from suites.adapters import parametrize_per_adapter, require
+from suites.adapters import require
 from suites.adapters.base import Adapter
 from suites.cases import DTYPES, AttnCase
 from te_ref.layouts import parse_layout
@@ -357,12 +357,6 @@ ROWS = [
 ]
 TOLERANCE = {"fp32": 1e-6, "fp16": 2e-3, "bf16": 1e-2}  # relative, on a kept 1/n
 FP8_TOLERANCE = 0.25  # Q/K/V, S and O each quantized to E4M3
-
-
-def pytest_generate_tests(metafunc):
-    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
-    if per_adapter is not None:
-        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 # ----------------------------------------------------------------------------- one call

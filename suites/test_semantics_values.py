@@ -41,7 +41,6 @@ import torch
 import te_ref
 from reports import record
 from suites import devices
-from suites.adapters import parametrize_per_adapter
 from suites.cases import DTYPES, AttnCase
 from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_ratio
 
@@ -277,10 +276,6 @@ def test_tables_are_well_formed():
 # ----------------------------------------------------------------------------- running a call
 
 
-def pytest_generate_tests(metafunc):
-    per_adapter = metafunc.definition.get_closest_marker("per_adapter")
-    if per_adapter is not None:
-        parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
 class TeRefCall:

@@ -14,7 +14,9 @@ import importlib
 import importlib.metadata
 
 import pytest
+import torch
 
+from suites import devices
 from suites.adapters.base import CAPABILITIES, Adapter  # noqa: F401  (re-exported)
 from suites.adapters.flex_attention import FlexAttention
 from suites.adapters.te_fast import TeFast
@@ -124,6 +126,19 @@ def require(adapter: Adapter, capability: str, device: str | None = None) -> Non
     reason = adapter.lacks(capability) if device is None else adapter.lacks_on(capability, device)
     if reason:
         pytest.skip(reason)
+
+
+def ready(adapter: Adapter, case, *capabilities: str) -> torch.device:
+    """The case's device, once the adapter has ``capabilities`` there (``require``), can run on
+    this machine and supports the case; else skip with the reasons."""
+    for capability in capabilities:
+        require(adapter, capability, case.device)
+    device = devices.require(case.device, needs_te_fast=adapter.name == "te_fast")
+    reasons = [adapter.unavailable_reason(case.device), *adapter.not_supported_reasons(case)]
+    reasons = [r for r in reasons if r]
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    return device
 
 
 # The tests that need a capability ran on te_fast alone before adapters declared capabilities;
