@@ -536,9 +536,8 @@ def _check_one(adapter, variant, case, shape, device) -> tuple[list[str], set]:
     if diag is not None:
         kwargs["bottom_right_diagonal"] = diag
     if variant.fp8:
-        from te_fast.fp8 import DelayedScaling, Format
-
-        kwargs.update(fp8=True, fp8_meta={"recipe": DelayedScaling(Format.E4M3)})
+        recipe = adapter.fp8_recipe(ref8.DelayedScaling(fp8_format="E4M3"))
+        kwargs.update(fp8=True, fp8_meta={"recipe": recipe})
     where = f"{shape} bottom_right_diagonal={diag} window_size={window_arg}"
     outcome = _outcome(mask_type, window_arg)
     if outcome == "error":
@@ -607,8 +606,8 @@ def run_table(adapter: Adapter, variant_name: str, mask_type: str, dtype_name: s
                     padding_from=variant.padding_from, return_max_logit=variant.max_logit,
                 )  # fmt: skip
                 reasons = adapter.not_supported_reasons(case)
-                if variant.fp8 and not adapter.supports_fp8:
-                    reasons.append(f"{adapter.name} does not declare FP8 (supports_fp8)")
+                if variant.fp8 and adapter.lacks_fp8():
+                    reasons.append(adapter.lacks_fp8())
                 if reasons:
                     skipped.update(reasons)
                     continue
@@ -648,7 +647,7 @@ class TeRef(Adapter):
         class Reference(torch.nn.Module):
             def forward(self, q, k, v, fp8=False, fp8_meta=None, **kwargs):
                 if fp8:  # a fresh module: te_ref's own fresh scaling state
-                    state = ref8.FP8State(_ref_recipe(fp8_meta["recipe"]), q.device)
+                    state = ref8.FP8State(fp8_meta["recipe"], q.device)
                     run = ref8.fp8_dot_product_attention(
                         q, k, v, None, softmax_scale=scale, fp8_state=state,
                         attention_type=case.attention_type, **kwargs,
@@ -661,16 +660,6 @@ class TeRef(Adapter):
                 )  # fmt: skip
 
         return Reference()
-
-
-def _ref_recipe(recipe):
-    """te_ref's recipe with the fields of the one _check_one hands an adapter (te_fast's)."""
-    if hasattr(recipe, "amax_history_len"):
-        return ref8.DelayedScaling(
-            margin=recipe.margin, fp8_format=recipe.fp8_format.value,
-            amax_history_len=recipe.amax_history_len, amax_compute_algo=recipe.amax_compute_algo,
-        )  # fmt: skip
-    return ref8.CurrentScaling(fp8_format=recipe.fp8_format.value)
 
 
 # te_ref's masks do not depend on the dtype: float64 (the golden answer) from fp32 inputs, and the

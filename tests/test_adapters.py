@@ -70,7 +70,8 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[str, str | None]]:
     selftest adapters on the CPU, in a child pytest."""
     out = tmp_path_factory.mktemp("adapters") / "report.json"
     impls = ["te_fast", "torch.sdpa", "selftest.ignores_dropout", "selftest.fixed_dropout",
-             "selftest.claims_validation", "selftest.uncapturable"]  # fmt: skip
+             "selftest.claims_validation", "selftest.uncapturable", "selftest.fp8_ignored",
+             "selftest.fp8_most_recent"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), str(FIXTURES), env.get("PYTHONPATH")])
@@ -82,9 +83,10 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[str, str | None]]:
         "-k", "(test_dropout or test_invalid_arguments) and cpu "
         "or test_compiled and cudagraph and selftest.uncapturable "
         "or test_module_rule and cpu and (claims_validation or sdpa) "
-        "or test_module_dropout_same_seed and cpu",
+        "or test_module_dropout_same_seed and cpu "
+        "or test_fp8 and not te_ref and cpu and (sbh3d or three_steps or hybrid)",
         "suites/test_attention.py", "suites/test_compile.py", "suites/test_bad_input.py",
-        "suites/test_determinism.py",
+        "suites/test_determinism.py", "suites/test_fp8.py",
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
@@ -183,3 +185,47 @@ def test_determinism_runs_through_adapters(outcomes):
     assert got["te_fast"][0] == "passed" and got["fixed"][0] == "passed"
     assert got["sdpa"][0] == "skipped" and got["sdpa"][1].startswith("torch.sdpa lacks dropout")
     assert got["ignores"][0] == "failed"
+
+
+def _fp8(outcomes, test: str, suffix: str) -> dict[str, tuple[str, str | None]]:
+    """The CPU cases of test_fp8.py's ``test`` run for the adapter whose id suffix is ``suffix``
+    ("" for te_fast): the id's leading part -> (outcome, skip reason)."""
+    head, tail = f"suites/test_fp8.py::{test}[", f"cpu{suffix}]"
+    return {
+        nodeid[len(head) : -len(tail)]: got
+        for nodeid, got in outcomes.items()
+        if nodeid.startswith(head) and nodeid.endswith(tail)
+    }
+
+
+def test_fp8_runs_through_adapters(outcomes):
+    """test_fp8.py per adapter (the CPU sbh3d, three-pass and HYBRID cases): te_fast keeps its
+    ids and passes; torch.sdpa skips, naming FP8; an adapter declaring FP8 that computes without
+    it fails every emulation case and skips the state cases (it lacks fp8_state); one whose
+    recipe translation drops amax_compute_algo fails the "max" three-pass case alone."""
+    emulation = [f"sbh3d-{d}-{r}-" for d in ("bf16", "fp16") for r in ("delayed", "current")]
+    three = [f"{r}-" for r in ("max", "most_recent", "current")]
+    te_fast = {
+        **_fp8(outcomes, "test_fp8_matches_reference_emulation", ""),
+        **_fp8(outcomes, "test_delayed_scaling_three_steps", ""),
+        **_fp8(outcomes, "test_hybrid_uses_e5m2_in_backward", ""),
+    }
+    assert set(te_fast) >= {*emulation, *three, ""}, sorted(te_fast)
+    assert {o for o, _ in te_fast.values()} == {"passed"}, te_fast
+    sdpa = {
+        **_fp8(outcomes, "test_fp8_matches_reference_emulation", "-torch.sdpa"),
+        **_fp8(outcomes, "test_delayed_scaling_three_steps", "-torch.sdpa"),
+    }
+    assert set(sdpa) == {*emulation, *three}
+    for outcome, reason in sdpa.values():
+        assert outcome == "skipped" and reason.startswith("torch.sdpa does not declare FP8")
+    ignored = "-selftest.fp8_ignored"
+    got = _fp8(outcomes, "test_fp8_matches_reference_emulation", ignored)
+    assert {k: o for k, (o, _) in got.items()} == dict.fromkeys(emulation, "failed")
+    for test in ("test_delayed_scaling_three_steps", "test_hybrid_uses_e5m2_in_backward"):
+        for outcome, reason in _fp8(outcomes, test, ignored).values():
+            assert outcome == "skipped" and "lacks fp8_state" in reason, test
+    recent = _fp8(outcomes, "test_delayed_scaling_three_steps", "-selftest.fp8_most_recent")
+    assert {k: o for k, (o, _) in recent.items()} == {
+        "max-": "failed", "most_recent-": "passed", "current-": "passed"
+    }

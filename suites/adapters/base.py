@@ -6,6 +6,8 @@ register it in suites/adapters/__init__.py ADAPTERS.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from suites.cases import AttnCase
@@ -24,7 +26,23 @@ CAPABILITIES = {
     "sync_free": "no host synchronisation in the non-FP8 forward and backward, SPEC §3",
     "deterministic": "the same bytes from repeated forward and backward calls: without dropout, "
     "and with dropout under one seed",
+    "fp8_state": "FP8 scaling state readable after a pass (read_fp8_state): each role's amax "
+    "history, the scale it quantized with and the next scale",
 }
+# The FP8 roles (TE's names): the quantized inputs, softmax output and output in the forward;
+# the output gradient, softmax gradient and input gradients in the backward.
+FP8_ROLES = ("QKV", "S", "O", "dO", "dP", "dQKV")
+
+
+@dataclass(frozen=True)
+class FP8RoleState:
+    """One FP8 role's scaling state after a forward and backward pass (Adapter.read_fp8_state).
+    Float32 tensors on the module's device. ``amax_history`` is 1-D and newest first: [0] is this
+    pass's amax (a role under current scaling keeps [amax])."""
+
+    amax_history: torch.Tensor
+    scale_used: torch.Tensor  # 0-d: the scale this pass quantized the role with
+    scale: torch.Tensor  # 0-d: the scale the next pass will use (current scaling: this pass's)
 
 
 class Adapter:
@@ -57,6 +75,7 @@ class Adapter:
     capturable = False
     sync_free = False
     deterministic = False
+    fp8_state = False
     why_not: dict[str, str] = {}  # capability -> why this adapter lacks it (the skip reason)
     # capability -> the only device types where the adapter has it (elsewhere a test that needs
     # it skips with why_not[capability]); a capability not named here holds on every device.
@@ -159,6 +178,27 @@ class Adapter:
         when given, a callable returning the context manager dropout must run in (TE's
         ``attention_dropout_ctx``; adapters with ``dropout_ctx`` only)."""
         raise NotImplementedError
+
+    def lacks_fp8(self) -> str | None:
+        """Why the adapter runs no FP8 case (None where it declares ``supports_fp8``); the reason
+        is ``why_unsupported["fp8"]``."""
+        if self.supports_fp8:
+            return None
+        why = self.why_unsupported.get("fp8")
+        return f"{self.name} does not declare FP8 (supports_fp8)" + (f": {why}" if why else "")
+
+    def fp8_recipe(self, recipe):
+        """What the implementation's ``fp8_meta={"recipe": ...}`` takes for a suite's recipe
+        (adapters with ``supports_fp8``). The suites describe recipes as
+        te_ref.fp8.DelayedScaling or CurrentScaling, with Transformer Engine's field names:
+        ``fp8_format`` ("E4M3", "E5M2", "HYBRID"), and for DelayedScaling ``margin``,
+        ``amax_history_len``, ``amax_compute_algo``. The default passes the recipe on as it is."""
+        return recipe
+
+    def read_fp8_state(self, module) -> dict[str, FP8RoleState]:
+        """Adapters with ``fp8_state``: ``module``'s FP8 scaling state after its last forward and
+        backward pass in FP8, one FP8RoleState per role of FP8_ROLES."""
+        raise NotImplementedError(f"{self.name} declares fp8_state but has no read_fp8_state")
 
     def call(self, module, case: AttnCase, q, k, v, kwargs: dict):
         """(out, max_logit or None, {leaf name: tensor that stands in for that leaf})."""

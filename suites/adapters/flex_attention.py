@@ -90,6 +90,7 @@ class FlexAttention(Adapter):
         "claimed either (thd lengths are read on the host)",
         "sync_free": "the adapter reads thd sequence lengths on the host (cu_seqlens.tolist())",
     }
+    why_unsupported = {"fp8": "flex_attention has no FP8 recipe or scaling state"}
     default = False
     traceable = False
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from suites.adapters.base import Adapter
+from suites.adapters.base import FP8_ROLES, Adapter, FP8RoleState
 
 
 class TeFast(Adapter):
@@ -12,7 +12,7 @@ class TeFast(Adapter):
 
     name = "te_fast"
     dropout = dropout_ctx = validates_arguments = capturable = sync_free = deterministic = True
-    supports_fp8 = True
+    supports_fp8 = fp8_state = True
 
     def unavailable_reason(self, device):
         import te_fast
@@ -33,6 +33,25 @@ class TeFast(Adapter):
             return_max_logit=case.return_max_logit,
             num_attention_heads=case.h if case.offset_via == "param" else None,
         ).to(case.device)
+
+    def fp8_recipe(self, recipe):
+        """te_fast.fp8's recipe with the suite recipe's fields, one by one."""
+        from te_fast.fp8 import CurrentScaling, DelayedScaling, Format
+
+        fmt = Format(recipe.fp8_format)
+        if hasattr(recipe, "amax_history_len"):
+            return DelayedScaling(fmt, margin=recipe.margin,
+                                  amax_history_len=recipe.amax_history_len,
+                                  amax_compute_algo=recipe.amax_compute_algo)  # fmt: skip
+        return CurrentScaling(fmt)
+
+    def read_fp8_state(self, module):
+        """The module's ``fp8_state`` (te_fast.fp8.ScalingStateView per role)."""
+        views = module.fp8_state
+        return {
+            role: FP8RoleState(views[role].amax_history, views[role].last_scale, views[role].scale)
+            for role in FP8_ROLES
+        }
 
     def call(self, module, case, q, k, v, kwargs):
         stand_in = {}

@@ -34,6 +34,9 @@ class TorchSdpa(Adapter):
         "validates_arguments": "it takes no qkv_layout, cu_seqlens, bias or window arguments to "
         "check: the adapter translates valid cases only",
     }
+    why_unsupported = {
+        "fp8": "scaled_dot_product_attention has no FP8 attention with a scaling recipe",
+    }
     default = False
 
     def not_supported_reasons(self, case):

@@ -339,6 +339,13 @@ _PY = [
         "FP8 with grouped heads: query head i reads kv head i % hg instead of i // (h // hg)",
         (FP8,),
     ),
+    Defect(
+        "fp8_output_unquantized", "cpu", "te_fast/fp8.py",
+        "        return o8, o_data, o_scale_inv\n",
+        "        return o, o_data, o_scale_inv\n",
+        "FP8 output O returned unquantized (its amax and scale still kept)",
+        (FP8,),
+    ),
     # ------------------------------------------- the gates themselves (issue 35's "Why" 4 and 5)
     Defect(
         "known_failures_loose", "cpu", "suites/plugin.py",

@@ -37,5 +37,33 @@ class Uncapturable(impls.TeFast):
     why_not = {"capturable": "declared so by the selftest"}
 
 
-for adapter in (IgnoresDropout(), FixedDropout(), ClaimsValidation(), Uncapturable()):
+class Fp8IgnoredNoState(impls.TeFast):
+    """Declares FP8 but computes in bf16 whatever it is asked (fp8 dropped), and exposes no
+    scaling state: the emulation cases must fail, the state cases skip."""
+
+    name = "selftest.fp8_ignored"
+    fp8_state = False
+    why_not = {"fp8_state": "declared so by the selftest"}
+
+    def call(self, module, case, q, k, v, kwargs):
+        kwargs = {n: a for n, a in kwargs.items() if n not in ("fp8", "fp8_meta")}
+        return super().call(module, case, q, k, v, kwargs)
+
+
+class Fp8RecipeMostRecent(impls.TeFast):
+    """Translates every DelayedScaling recipe with amax_compute_algo "most_recent" (a recipe
+    field dropped in translation): the "max" state cases must fail."""
+
+    name = "selftest.fp8_most_recent"
+
+    def fp8_recipe(self, recipe):
+        recipe = super().fp8_recipe(recipe)
+        if hasattr(recipe, "amax_compute_algo"):
+            recipe = type(recipe)(recipe.fp8_format, recipe.margin, recipe.amax_history_len,
+                                  "most_recent")  # fmt: skip
+        return recipe
+
+
+for adapter in (IgnoresDropout(), FixedDropout(), ClaimsValidation(), Uncapturable(),
+                Fp8IgnoredNoState(), Fp8RecipeMostRecent()):  # fmt: skip
     impls.ADAPTERS[adapter.name] = adapter
