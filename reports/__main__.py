@@ -37,13 +37,25 @@ from reports.render import render, summary_line
 from reports.verdict import Verdict
 
 BASELINE_DIR = Path("reports/baseline")
-# The suites that take --impl (their adapter axis): what `run --impl NAME` gates by default.
+# The suites and tests that take --impl (their adapter axis): what `run --impl NAME` gates by
+# default (tests/test_reports_unit.py checks that every suite test with an `adapter` argument is
+# here). A whole file where every test has the axis; else its adapter tests, by name.
 IMPL_SUITES = (
     "suites/test_attention.py",
     "suites/test_compile.py",
     "suites/test_semantics.py",
     "suites/test_semantics_values.py",
     "suites/test_dropout.py",
+    "suites/test_fp8.py::test_fp8_matches_reference_emulation",
+    "suites/test_fp8.py::test_fp8_grouped_heads",
+    "suites/test_fp8.py::test_fp8_close_to_f16",
+    "suites/test_fp8.py::test_delayed_scaling_three_steps",
+    "suites/test_fp8.py::test_hybrid_uses_e5m2_in_backward",
+    "suites/test_determinism.py::test_module_determinism",
+    "suites/test_determinism.py::test_module_dropout_same_seed",
+    "suites/test_bad_input.py::test_module_rule",
+    "suites/test_bad_input.py::test_batch_neither_one_nor_b",
+    "suites/test_fuzz.py::test_fuzz_module",
 )
 
 EPILOG = """\
@@ -388,7 +400,7 @@ def _suite_args(paths: tuple[str, ...]) -> list[str]:
     """IMPL_SUITES as pytest arguments: the checkout's paths where the run starts in one, else the
     installed suites package's files, with the folder holding it as rootdir so that node ids read
     as in the checkout (suites/test_attention.py::...)."""
-    if all(Path(p).exists() for p in paths):
+    if all(Path(p.partition("::")[0]).exists() for p in paths):
         return list(paths)
     spec = importlib.util.find_spec("suites")
     if spec is None or not spec.submodule_search_locations:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -393,13 +394,35 @@ def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, mon
     text = capsys.readouterr().out
     assert "no baseline at reports/baseline/h200.transformer_engine.json" in text, text
     assert "\nNO BASELINE\n" in text
-    assert commands[0][-10:] == ["--impl", "transformer_engine", "-n", "2", "--te-default-paths",
-                                 "suites/test_attention.py", "suites/test_compile.py",
-                                 "suites/test_semantics.py", "suites/test_semantics_values.py",
-                                 "suites/test_dropout.py"]  # fmt: skip
+    n = len(cli.IMPL_SUITES)
+    assert commands[0][-5 - n :] == ["--impl", "transformer_engine", "-n", "2",
+                                     "--te-default-paths", *cli.IMPL_SUITES]  # fmt: skip
+    assert "suites/test_fp8.py::test_fp8_grouped_heads" in cli.IMPL_SUITES
     main([*args, "--", "suites/test_attention.py::test_core", "-x"])
     assert commands[1][-4:] == ["--impl", "transformer_engine",
                                 "suites/test_attention.py::test_core", "-x"]  # fmt: skip
     main(["run", "--out", out, "--machine-class", "h200", "--no-compare"])
     assert "--impl" not in commands[2] and "suites/test_compile.py" not in commands[2]
     assert commands[2][-1] == "suites"
+
+
+def test_impl_suites_hold_every_adapter_test():
+    """Every test function of suites/ that takes an ``adapter`` is gated by `run --impl`
+    (IMPL_SUITES names its file or itself), and every name there is such a test or a file of
+    them."""
+    import ast
+
+    from reports.__main__ import IMPL_SUITES
+
+    root = Path(__file__).resolve().parents[1]
+    adapter_tests, files = set(), set()
+    for path in sorted((root / "suites").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                if any(a.arg == "adapter" for a in node.args.args):
+                    adapter_tests.add(f"suites/{path.name}::{node.name}")
+                    files.add(f"suites/{path.name}")
+    gated = {t for t in adapter_tests if t in IMPL_SUITES or t.split("::")[0] in IMPL_SUITES}
+    assert sorted(adapter_tests - gated) == []
+    assert sorted(set(IMPL_SUITES) - adapter_tests - files) == []
