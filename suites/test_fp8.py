@@ -482,6 +482,18 @@ def test_quantizer_matches_reference_and_saturates(fmt, device_name):
     assert current.last_scale.item() == 1.0
 
 
+def test_recipe_defaults_are_te():
+    """te_fast's and te_ref's recipes default as TE 2.20.2's (common/recipe/__init__.py:253-256,
+    303): HYBRID, margin 0, a history of 1024 amaxes, "max"."""
+    _record("recipe_defaults", "cpu")
+    fast, ref = DelayedScaling(), ref8.DelayedScaling()
+    fields = ("margin", "amax_history_len", "amax_compute_algo")
+    assert [getattr(fast, f) for f in fields] == [0, 1024, "max"], fast
+    assert [getattr(ref, f) for f in fields] == [0, 1024, "max"], ref
+    assert fast.fp8_format is Format.HYBRID and CurrentScaling().fp8_format is Format.HYBRID
+    assert ref.fp8_format == ref8.CurrentScaling().fp8_format == "HYBRID"
+
+
 def _off_grid_fraction(values: torch.Tensor, scale: torch.Tensor, fp8_dtype) -> float:
     """Share of nonzero values not on the fp8 grid (up to the bf16 rounding of dequantization)."""
     x = values.float() * scale

@@ -42,7 +42,7 @@ class DelayedScaling:
 
     fp8_format: Format = Format.HYBRID
     margin: int = 0
-    amax_history_len: int = 16
+    amax_history_len: int = 1024  # TE 2.20.2 common/recipe/__init__.py:255
     amax_compute_algo: str = "max"  # "max" | "most_recent"
 
     def __post_init__(self):
