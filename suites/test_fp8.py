@@ -366,8 +366,8 @@ def test_delayed_scaling_three_steps(adapter, recipe_name, device_name):
             amaxes, used, after = table[role]
             st = state[role]
             where = f"{adapter.name} {role} pass {step + 1}"
-            newest = [amaxes[step - i] if step >= i else 0.0 for i in range(step + 1)]
-            history = (newest + [0.0] * len(st.amax_history))[: len(st.amax_history)]
+            newest_first = [amaxes[step - i] for i in range(step + 1)]
+            history = (newest_first + [0.0] * len(st.amax_history))[: len(st.amax_history)]
             assert st.amax_history.tolist() == history, f"{where}: history {st.amax_history}"
             assert st.scale_used.item() == used[step], f"{where}: quantized with {st.scale_used}"
             assert st.scale.item() == after[step], f"{where}: scale after {st.scale}"
