@@ -10,7 +10,7 @@ import torch
 import te_ref
 from reports import record
 from suites import devices
-from suites.adapters import Adapter, require, selected
+from suites.adapters import ready_on, require, selected
 from suites.cases import (
     DTYPES,
     AttnCase,
@@ -55,16 +55,6 @@ def pytest_generate_tests(metafunc):
     matrix = metafunc.definition.get_closest_marker("matrix")
     if matrix is not None:
         metafunc.parametrize("adapter,case", _matrix_params(metafunc.config, *matrix.args))
-
-
-def _ready(adapter: Adapter, capability: str, device_name: str) -> torch.device:
-    """Skip, with the reason, unless the adapter has the capability and can run on the device."""
-    require(adapter, capability)
-    device = devices.require(device_name, needs_te_fast=False)
-    reason = adapter.unavailable_reason(device_name)
-    if reason:
-        pytest.skip(reason)
-    return device
 
 
 @pytest.mark.matrix("core")
@@ -125,7 +115,7 @@ def _dropout_setup(adapter, device_name, p, sq=64, skv=512):
                     b=2, sq=sq, skv=skv, h=4, hg=4, d=8, dv=8)  # fmt: skip
     record.case(impl=adapter.name, layout=case.layout, dtype=case.dtype, mask_type=case.mask_type,
                 device=device_name, dropout=p)  # fmt: skip
-    device = _ready(adapter, "dropout", device_name)
+    device = ready_on(adapter, device_name, "dropout")
     q = torch.zeros(case.b, sq, case.h, case.d, device=device)
     k = torch.zeros(case.b, skv, case.h, case.d, device=device)
     v = torch.ones(case.b, skv, case.h, case.dv, device=device)
@@ -181,7 +171,7 @@ def test_dropout_zero_is_identity(adapter, device_name):
     case = AttnCase("sbhd_sbhd_sbhd", "fp32", "causal", device=device_name,
                     b=2, sq=9, skv=9, h=4, hg=4, d=16, dv=16)  # fmt: skip
     record.case(impl=adapter.name, layout=case.layout, device=device_name, dropout=0.0)
-    device = _ready(adapter, "dropout", device_name)
+    device = ready_on(adapter, device_name, "dropout")
     q, k, v = (torch.randn(9, 2, 4, 16, device=device) for _ in range(3))
     module = adapter.build(case, case.d**-0.5, dropout=0.0)
     kw = dict(qkv_layout=case.layout, attn_mask_type=case.mask_type)
@@ -236,7 +226,7 @@ def _bad_arguments(device):
 def test_invalid_arguments(adapter, problem, device_name):
     """The adapter and te_ref (the judge) reject bad input with a ValueError naming the problem."""
     record.case(impl=adapter.name, layout="-", mask_type=f"invalid:{problem}", device=device_name)
-    device = _ready(adapter, "validates_arguments", device_name)
+    device = ready_on(adapter, device_name, "validates_arguments")
     (q, k, v), kwargs, softmax_type, message = _bad_arguments(device)[problem]
     # the module's own configuration; the bad part is in the forward arguments
     case = AttnCase("bshd_bshd_bshd", "fp32", "no_mask", device=device_name, b=2, sq=5, skv=5,

@@ -20,7 +20,7 @@ import torch
 
 from reports import record
 from suites import devices
-from suites.adapters import require
+from suites.adapters import ready_on
 from suites.adapters.base import Adapter
 from suites.cases import AttnCase
 
@@ -43,12 +43,7 @@ def _ready(adapter: Adapter, capability: str, case: AttnCase, **fields) -> torch
     """Record the case; skip, with the reason, unless the adapter can run it here."""
     record.case(impl=adapter.name, layout=case.layout, dtype=case.dtype, mask_type=case.mask_type,
                 device=case.device, **fields)  # fmt: skip
-    require(adapter, capability)
-    device = devices.require(case.device, needs_te_fast=False)
-    reason = adapter.unavailable_reason(case.device)
-    if reason:
-        pytest.skip(reason)
-    return device
+    return ready_on(adapter, case.device, capability)
 
 
 def _inputs(device, seed: int = 0, grad: bool = False):

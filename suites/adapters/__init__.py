@@ -128,17 +128,24 @@ def require(adapter: Adapter, capability: str, device: str | None = None) -> Non
         pytest.skip(reason)
 
 
-def ready(adapter: Adapter, case, *capabilities: str) -> torch.device:
-    """The case's device, once the adapter has ``capabilities`` there (``require``), can run on
-    this machine and supports the case; else skip with the reasons."""
+def ready_on(adapter: Adapter, device_name: str, *capabilities: str, case=None) -> torch.device:
+    """The device, once the adapter has ``capabilities`` there (``require``), can run on this
+    machine and, where ``case`` is given, supports it; else skip with the reasons."""
     for capability in capabilities:
-        require(adapter, capability, case.device)
-    device = devices.require(case.device, needs_te_fast=adapter.name == "te_fast")
-    reasons = [adapter.unavailable_reason(case.device), *adapter.not_supported_reasons(case)]
+        require(adapter, capability, device_name)
+    device = devices.require(device_name, needs_te_fast=False)  # te_fast's: unavailable_reason
+    reasons = [adapter.unavailable_reason(device_name)]
+    if case is not None:
+        reasons += adapter.not_supported_reasons(case)
     reasons = [r for r in reasons if r]
     if reasons:
         pytest.skip("; ".join(reasons))
     return device
+
+
+def ready(adapter: Adapter, case, *capabilities: str) -> torch.device:
+    """``ready_on`` the case's device, for the case."""
+    return ready_on(adapter, case.device, *capabilities, case=case)
 
 
 # The tests that need a capability ran on te_fast alone before adapters declared capabilities;
