@@ -7,10 +7,12 @@ benchmark and test_large's THD module case run the core): here the size threshol
 slice size is set on the class (so for every module the adapter builds) small enough that every
 mask kernel, GQA, both layout families and
 both split axes go through several slices, judged against te_ref under SPEC §6 (with the
-no-alias and no-mutation checks), and bit for bit on the CPU against one slice and against the
-path that records torch.matmul and the softmax op separately (te_fast's rows are
-batch-invariant; CPU matmuls per slice are the same matmuls). Each way _matmul_into can run a
-GEMM (one folded batched GEMM, one per batch element, via copies) is compared the same way.
+no-alias and no-mutation checks); on the CPU one slice and the path that records torch.matmul and
+the softmax op separately are judged the same way on the same inputs, and so is each way
+_matmul_into can run a GEMM (one folded batched GEMM, one per batch element, via copies). Not bit
+for bit: the GEMMs are torch's, and its CPU kernels may block a slice's GEMM differently from the
+whole batch's (on an AVX2-only CPU a bf16 dq element of the sliced core differed by 1.2e-4 from
+one slice's), so the same bits across slicings hold on no CPU by construction.
 
 Traces run the core as the ops te_fast::attention_core and attention_core_backward: opcheck on
 both (every softmax kind, both split axes, fp16/bf16/fp32), torch.compile(fullgraph=True) with
@@ -119,26 +121,40 @@ def _assert_same(a, b):
         assert torch.equal(grads[n], grads_b[n]), n
 
 
+def _judged(case, seed=0):
+    """One forward and backward of te_fast's module on the case, judged against te_ref under
+    SPEC §6 (the sliced core, one slice and the ops path each: their GEMMs are torch's, whose
+    CPU kernels may block a slice's GEMM differently from the whole's by instruction set, so
+    nothing promises the same bits across slicings: docs/checks.md)."""
+    dev = torch.device(case.device)
+    inputs = make_inputs(case, dev, torch.Generator().manual_seed(seed))
+    module = ADAPTERS["te_fast"].build(case, case.d**-0.5)
+    judge_against_reference(case, inputs, run_impl(ADAPTERS["te_fast"], module, case, inputs))
+
+
 @pytest.mark.parametrize("chunked", list(SPLITS), indirect=True)
 @pytest.mark.parametrize("name", list(CASES))
-def test_core_slices_equal_one_slice_and_the_ops_path_on_cpu(name, chunked, monkeypatch):
+def test_core_one_slice_and_the_ops_path_on_cpu(name, chunked, monkeypatch):
+    """The sliced core, the core in one slice (score_chunk_bytes None) and the ops path each
+    meet SPEC §6 on the same inputs, each taking the path it should."""
     case = CASES[name]
-    sliced = _results(case)
+    _judged(case)
     assert chunked, "the core did not run"
     monkeypatch.setattr(UnfusedDotProductAttention, "score_chunk_bytes", None)
-    _assert_same(sliced, _results(case))
+    _judged(case)
     assert len(chunked) == 2 and chunked[1] == (0, [(0, case.b)]), "None: one slice"
     _ops_path(monkeypatch)
-    _assert_same(sliced, _results(case))
+    _judged(case)
     assert len(chunked) == 2, "the ops path took the core"
 
 
 @pytest.mark.parametrize("way", ["default", "per_element", "copies"])
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
-def test_core_gemm_ways_equal_the_ops_path_on_cpu(way, fmt, monkeypatch):
+def test_core_gemm_ways_on_cpu(way, fmt, monkeypatch):
     """sbhd views fold (b, h) into one batch stride: one batched GEMM whatever the threshold.
     bshd views do not: one GEMM per batch element (per_element: the threshold at 0), or the
-    copying path (the default at these small sizes, and copies: the threshold out of reach)."""
+    copying path (the default at these small sizes, and copies: the threshold out of reach).
+    Each way, and the ops path, meets SPEC §6 on the same inputs."""
     calls = []
     real_bmm = torch.bmm
 
@@ -152,7 +168,7 @@ def test_core_gemm_ways_equal_the_ops_path_on_cpu(way, fmt, monkeypatch):
     elif way == "copies":
         monkeypatch.setattr(_eager, "_LOOP_MACS", 1 << 62)
     monkeypatch.setattr(torch, "bmm", bmm)
-    core = _results(case)
+    _judged(case)
     monkeypatch.undo()
     if fmt == "sbhd":
         assert calls and set(calls) == {case.b * case.h}, calls
@@ -161,7 +177,7 @@ def test_core_gemm_ways_equal_the_ops_path_on_cpu(way, fmt, monkeypatch):
     else:
         assert not calls, "the copying path called torch.bmm on the strided views"
     _ops_path(monkeypatch)
-    _assert_same(core, _results(case))
+    _judged(case)
 
 
 @pytest.mark.parametrize("chunked", ["heads"], indirect=True)
