@@ -74,9 +74,7 @@ def _check_softmax(op, x, mask, scale):
     dy = torch.randn_like(y)
     y.backward(dy)
 
-    x64 = x.to(torch.float64).requires_grad_()
-    y64 = op.ref(x64, *extra, scale, compute_dtype=torch.float64)
-    y64.backward(dy.to(torch.float64))
+    y64, dx64 = _ref64(op, x, extra, scale, dy)
 
     x_lp = x.clone().requires_grad_()
     y_lp = op.ref(x_lp, *extra, scale, compute_dtype=dtype)
@@ -84,8 +82,18 @@ def _check_softmax(op, x, mask, scale):
 
     assert y.dtype == dtype and y.shape == x.shape
     check_ratio("y", y, y64, y_lp, K_FORWARD)
-    check_ratio("dx", x_fast.grad, x64.grad, x_lp.grad, K_BACKWARD)
+    check_ratio("dx", x_fast.grad, dx64, x_lp.grad, K_BACKWARD)
     return y, x_fast.grad
+
+
+def _ref64(op, x, extra, scale, dy):
+    """(y, dx) of te_ref in float64, computed on devices.reference_device (CUDA where there is
+    one, for CPU cases too) and returned on x's device."""
+    on = devices.reference_device(x.device)
+    x64 = x.to(device=on, dtype=torch.float64).requires_grad_()
+    y64 = op.ref(x64, *devices.to_device(extra, on), scale, compute_dtype=torch.float64)
+    y64.backward(dy.to(device=on, dtype=torch.float64))
+    return y64.detach().to(x.device), x64.grad.to(x.device)
 
 
 def _record(op_name, dtype_name, device_name, mask_type="-"):
@@ -297,14 +305,12 @@ def test_softmax_misaligned_views(dtype_name, device_name, sk):
     y = fast.scaled_softmax(_misaligned_copy(x), SCALE)
     dx = fast.scaled_softmax_bwd(_misaligned_copy(dy), _misaligned_copy(y), SCALE)
 
-    refs = {}
-    for compute in (torch.float64, dtype):
-        xr = x.to(compute).requires_grad_()
-        yr = op.ref(xr, SCALE, compute_dtype=compute)
-        yr.backward(dy.to(compute))
-        refs[compute] = (yr, xr.grad)
-    check_ratio("y", y, refs[torch.float64][0], refs[dtype][0], K_FORWARD)
-    check_ratio("dx", dx, refs[torch.float64][1], refs[dtype][1], K_BACKWARD)
+    y64, dx64 = _ref64(op, x, (), SCALE, dy)
+    xr = x.clone().requires_grad_()
+    yr = op.ref(xr, SCALE, compute_dtype=dtype)
+    yr.backward(dy)
+    check_ratio("y", y, y64, yr, K_FORWARD)
+    check_ratio("dx", dx, dx64, xr.grad, K_BACKWARD)
 
 
 # ----------------------------------------------------------------------------- conversions

@@ -65,3 +65,57 @@ def test_configure_controller_publishes_list(monkeypatch):
     import os
 
     assert os.environ[pinning.GPUS_ENV] == "3,5"
+
+
+# ----------------------------------------------------------------------------- threads per worker
+
+
+@pytest.mark.parametrize(
+    "cores,workers,expected",
+    [(16, 14, 1), (16, 8, 2), (16, 4, 4), (16, 1, 16), (2, 2, 1), (2, 1, 2), (4, 16, 1), (3, 0, 3)],
+)
+def test_threads_per_worker_share_the_cores(cores, workers, expected):
+    assert pinning.threads_per_worker(cores, workers) == expected
+
+
+@pytest.mark.parametrize("override,expected", [("3", 3), ("1", 1), ("0", None), ("", 1)])
+def test_threads_override(override, expected):
+    assert pinning.threads_per_worker(16, 14, override) == expected
+
+
+def test_threads_override_rejects_negative():
+    with pytest.raises(ValueError, match=pinning.THREADS_ENV):
+        pinning.threads_per_worker(16, 14, "-1")
+
+
+def test_worker_threads_from_the_worker_count(monkeypatch):
+    monkeypatch.delenv(pinning.THREADS_ENV, raising=False)
+    monkeypatch.setattr(pinning, "available_cores", lambda: 16)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "14")
+    assert pinning.worker_threads() == 1
+    assert pinning.worker_threads(4) == 4
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT")
+    assert pinning.worker_threads() is None  # outside xdist: torch's default
+    monkeypatch.setenv(pinning.THREADS_ENV, "2")
+    assert pinning.worker_threads() == 2
+
+
+def test_configure_caps_the_worker_threads(monkeypatch):
+    import torch
+
+    class Config:
+        class option:
+            numprocesses = 2
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    monkeypatch.setattr(pinning, "available_cores", lambda: 7)
+    monkeypatch.delenv(pinning.THREADS_ENV, raising=False)
+    monkeypatch.setenv(pinning.GPUS_ENV, "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    threads = torch.get_num_threads()
+    try:
+        pinning.configure(Config)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)

@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import te_ref
 from reports import record
+from suites import devices
 from suites.adapters import ADAPTERS
 from suites.cases import AttnCase, make_inputs
 from suites.checks import contracts
@@ -311,11 +312,12 @@ def _softmax_draw(ex: SoftmaxExample, dev, impl: OpImpl, checked: bool = False) 
     extra = (mask_vals,) if mask is not None else ()
     x_vals = logical(x, ex.x_layout)
     refs = {}
-    for compute in (torch.float64, dtype):
-        xr = x_vals.detach().to(compute).requires_grad_()
-        yr = ref(xr, *extra, ex.scale, compute_dtype=compute)
-        yr.backward(dy.to(compute))
-        refs[compute] = (yr.detach(), xr.grad)
+    for compute in (torch.float64, dtype):  # ref64 on devices.reference_device, back on dev
+        on = devices.reference_device(dev) if compute == torch.float64 else dev
+        xr = x_vals.detach().to(device=on, dtype=compute).requires_grad_()
+        yr = ref(xr, *devices.to_device(extra, on), ex.scale, compute_dtype=compute)
+        yr.backward(dy.to(device=on, dtype=compute))
+        refs[compute] = (yr.detach().to(dev), xr.grad.to(dev))
     compared = [("y", y, refs[torch.float64][0], refs[dtype][0], K_FORWARD)]
     if torch.equal(y_vals, y) and torch.equal(dy_vals, dy):
         compared.append(("dx", dx, refs[torch.float64][1], refs[dtype][1], K_BACKWARD))
