@@ -1,4 +1,4 @@
-"""Command line: python -m reports run | compare | merge | render | screenshot | matrix."""
+"""Command line: python -m reports run | compare | merge | rename | render | screenshot | matrix."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
+from reports import baseline as reports_baseline
 from reports import env
 from reports.compare import (
     CATEGORIES,
@@ -33,7 +34,14 @@ from reports.model import (
     run_scope,
     write_report,
 )
-from reports.render import render, summary_line
+from reports.render import (
+    adapter_counts,
+    expected_rows,
+    fingerprint_text,
+    outcome_counts,
+    render,
+    summary_line,
+)
 from reports.verdict import Verdict
 
 BASELINE_DIR = Path("reports/baseline")
@@ -68,6 +76,8 @@ examples:
   python -m reports run --impl transformer_engine gate an installed Transformer Engine
   python -m reports compare new.json reports/baseline/h100.json
   python -m reports merge s1.json s2.json s3.json -o merged.json
+  python -m reports rename reports/baseline/cpu.json test_x::test_old test_x::test_new
+                                                 carry a renamed test's baseline cases over
   python -m reports render reports/latest/report.json
   python -m reports screenshot reports/baseline/h200.json -o docs/report_h200.png
   python -m reports matrix runs/*/report.json --out reports/matrix
@@ -138,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--baseline",
         metavar="PATH",
-        help="baseline report (default: reports/baseline/<machine class>.json, or "
+        help="baseline file, or a report (default: reports/baseline/<machine class>.json, or "
         "<machine class>.<NAME>.json with --impl NAME)",
     )
     run.add_argument(
@@ -236,6 +246,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shot.set_defaults(func=cmd_screenshot)
 
+    ren = sub.add_parser(
+        "rename",
+        allow_abbrev=False,
+        help="carry a renamed or moved test's baseline cases over to its new case key",
+        description="Record in BASELINE that the case key OLD is now NEW (case keys: the test "
+        "file's stem, then the node id's names and parameters, e.g. "
+        "test_attention::test_core[bf16-...]). OLD without parameters renames every case of that "
+        "test function. Exit 0 when recorded, 2 when BASELINE has no such case.",
+    )
+    ren.add_argument("baseline", metavar="BASELINE", help="a baseline file")
+    ren.add_argument("old", metavar="OLD", help="the old case key (or test_file::test_function)")
+    ren.add_argument("new", metavar="NEW", help="the new case key (or test_file::test_function)")
+    ren.set_defaults(func=cmd_rename)
+
     mtx = sub.add_parser(
         "matrix",
         allow_abbrev=False,
@@ -302,8 +326,8 @@ def _update_baseline(
             )
             return False, []
         overrides.append(f"--force: {failing} failing case(s) recorded in the baseline")
-    data = {k: v for k, v in report.items() if k not in ("verdict", "accepted_loss")}
     loss = compare(report, old, scope=WHOLE).coverage_loss if old else []
+    accepted = None
     if loss:
         if not accept:
             print(
@@ -316,14 +340,16 @@ def _update_baseline(
                 print(f"  ... and {len(loss) - 20} more")
             print('  (pass --accept-loss "REASON" to accept the loss; the baseline records REASON)')
             return False, []
-        data["accepted_loss"] = {
+        accepted = {
             "reason": accept,
             "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "cases": [f"{nodeid}: {detail}" for nodeid, detail in loss],
         }
         overrides.append(f"--accept-loss: {len(loss)} case(s) of lost coverage accepted: {accept}")
-    write_report(data, baseline)
-    print(f"baseline updated: {baseline} ({len(report['cases'])} cases)")
+    made = reports_baseline.from_report(report, accepted)
+    reports_baseline.write(made, baseline)
+    print(f"baseline updated: {baseline} ({len(made.entries)} cases, fingerprint "
+          f"{fingerprint_text(made.fingerprint)})")  # fmt: skip
     return True, overrides
 
 
@@ -360,7 +386,7 @@ def _compare_with_baseline(
             "missing",
         )
     try:
-        base = load_report(baseline)
+        base = reports_baseline.load(baseline)
     except ReportError as e:
         return None, None, f"error: unusable baseline: {e}", "unusable"
     return compare(report, base, args.ratio_factor, args.min_ratio), base, None, "ok"
@@ -496,11 +522,21 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     print("\n" + "=" * 30 + " TE conformance verdict " + "=" * 30)
     print(verdict.status)
     print(f"  {summary_line(report)}")
+    by_adapter = adapter_counts(report)
+    if any(name != "not an adapter's" for name, _ in by_adapter):
+        for name, counts in by_adapter:
+            version = (report["environment"].get("impl_versions") or {}).get(name)
+            label = f"{name} ({version})" if version else name
+            print(f"  {label}: {outcome_counts(counts)}")
     print(f"  {scope.describe()}")
     for reason in verdict.reasons:
         print(f"  - {reason}")
     for note in verdict.notes:
         print(f"  * {note}")
+    for adapter, source, tensors, reason, _, outcomes, where in expected_rows(report):
+        if source == "declared":
+            print(f"  * declared difference of {adapter} ({tensors}; {outcomes}): {reason[:160]}"
+                  f" [{where}]")  # fmt: skip
     messages = {c["nodeid"]: (c.get("message") or "").strip() for c in failures(report)}
     for name, (title, gate) in CATEGORIES.items() if verdict.regressions else ():
         for nodeid, detail in result.items[name][:10] if gate else ():
@@ -520,7 +556,7 @@ def cmd_compare(args: argparse.Namespace, _: list[str]) -> int:
     baseline = Path(args.baseline)
     if args.update_baseline and not baseline.exists():
         return 0 if _update_baseline(new, baseline, args, None)[0] else 1
-    old = load_report(baseline)
+    old = reports_baseline.load(baseline)
     result = compare(new, old, args.ratio_factor, args.min_ratio)
     print(format_comparison(result, args.new, args.baseline))
     if args.update_baseline:
@@ -531,6 +567,13 @@ def cmd_compare(args: argparse.Namespace, _: list[str]) -> int:
     if result.news and not failures(new):
         print(f"to accept NEW as the baseline:\n  {_accept_command(Path(args.new), baseline)}")
     return 1 if result.regressions else 0
+
+
+def cmd_rename(args: argparse.Namespace, _: list[str]) -> int:
+    """Record a rename in a baseline's rename map."""
+    moved = reports_baseline.add_rename(args.baseline, args.old, args.new)
+    print(f"{args.baseline}: {args.old} -> {args.new} ({moved} case(s) carried over)")
+    return 0
 
 
 def cmd_merge(args: argparse.Namespace, _: list[str]) -> int:

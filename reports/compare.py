@@ -5,15 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reports.model import (
-    FAILING,
-    WHOLE,
-    Scope,
-    fmt_ratio,
-    run_scope,
-    worst_ratio,
-    worst_tensor,
-)
+from reports import baseline, env
+from reports.baseline import Baseline, Entry
+from reports.model import FAILING, WHOLE, Scope, SelectionError, fmt_ratio, run_scope
 
 # name -> (title, whether it is a regression)
 CATEGORIES = {
@@ -21,9 +15,10 @@ CATEGORIES = {
     "lost_coverage": ("lost coverage (passed -> skipped or xfailed)", True),
     "ratio_regressions": ("ratio regressions", True),
     "non_finite": ("non-finite ratios (NaN/inf worst ratio in a passing case)", True),
-    "lost_checks": ("lost checks (compared tensors in the baseline, none now)", True),
-    "missing": ("missing cases (in the baseline, not in this run)", True),
+    "lost_checks": ("lost checks (tensors compared in the baseline, not now)", True),
+    "missing": ("missing cases (in the baseline and selected, not in this run)", True),
     "improvements": ("improvements", False),
+    "drift": ("ratio drift (another machine fingerprint: not gated)", False),
     "new_cases": ("new cases", False),
     "excused_failures": ("failures now expected (failed -> xfailed: not fixed)", False),
     "still_xfailed": ("still expected failures (xfailed in both)", False),
@@ -31,24 +26,27 @@ CATEGORIES = {
     "still_failing": ("still failing (failed in the baseline too)", False),
 }
 # the categories that lose coverage: --update-baseline refuses them without --accept-loss
-COVERAGE_LOSS = ("lost_coverage", "missing")
+COVERAGE_LOSS = ("lost_coverage", "missing", "lost_checks")
+SKIPPED = ("skipped", "xfailed")
 DEFAULT_FACTOR = 1.5
 DEFAULT_MIN_RATIO = 0.05
 
 
 @dataclass
 class Comparison:
-    """Per category, (nodeid, detail) pairs sorted by nodeid."""
+    """Per category, (nodeid, detail) pairs sorted by case key."""
 
     items: dict[str, list[tuple[str, str]]] = field(
         default_factory=lambda: {name: [] for name in CATEGORIES}
     )
     scope: Scope = WHOLE  # the new run's scope: what was compared
     not_compared: int = 0  # baseline cases outside that scope (not selected, other paths)
+    same_machine: bool = True  # the two fingerprints are equal: ratio growth gates
+    machine_note: str = ""  # what differs between them, when they differ
 
     @property
     def coverage_loss(self) -> list[tuple[str, str]]:
-        """Cases whose coverage this run lost (passed -> skipped, missing)."""
+        """Cases whose coverage this run lost (passed -> skipped, missing, fewer checks)."""
         return [item for name in COVERAGE_LOSS for item in self.items[name]]
 
     @property
@@ -62,86 +60,104 @@ class Comparison:
         return len(self.items["improvements"]) + len(self.items["new_cases"])
 
 
-def _ratio_text(case: dict) -> str:
-    t = worst_tensor(case)
-    return f"{fmt_ratio(worst_ratio(case))} ({t.get('name', '?')})" if t else "-"
+def _ratio_text(e: Entry) -> str:
+    return f"{fmt_ratio(e.ratio)} ({e.tensor or '?'})" if e.ratio is not None else "-"
+
+
+def _base_in_scope(scope: Scope, base: dict[str, Entry], new: dict[str, Entry]) -> dict:
+    """The baseline entries this run answers for: under a full run's paths; selected by a
+    subset run's selection (or, where it cannot be applied to recorded cases, those it ran)."""
+    if scope.complete:
+        return {k: e for k, e in base.items() if scope.covers(e.nodeid)}
+    try:
+        return {k: e for k, e in base.items()
+                if k in new or scope.selects(e.nodeid, k, e.marks, e.keywords)}  # fmt: skip
+    except SelectionError:
+        return {k: e for k, e in base.items() if k in new}
 
 
 def compare(
     new: dict,
-    base: dict,
+    base,
     factor: float = DEFAULT_FACTOR,
     min_ratio: float = DEFAULT_MIN_RATIO,
     scope: Scope | None = None,
 ) -> Comparison:
-    """Classify every nodeid of new and base (see CATEGORIES); ratios compare worst per case.
+    """Classify every case of the new report and of the baseline (a reports.baseline.Baseline,
+    or a report read as one) by case key (see CATEGORIES); ratios compare worst per case.
 
     Only the baseline cases in the new run's scope (run_scope(new), or `scope`) are compared: a
-    subset run (-k, -m, paths, a shard) answers for the cases it ran, a full run for every
-    baseline case under its paths. A ratio change counts only above min_ratio: at tiny ratios a
-    x1.5 swing is noise. Details name outcomes and ratios, never the failure text (the report's
-    failure section shows it once).
+    full run answers for every baseline case under its paths, a subset run (-k, -m, paths, a
+    shard) for every baseline case its selection selects. A pass or a failure is the case's
+    own (SPEC 6: ratio <= 1); against the baseline, a regression is a change of outcome
+    (passed -> failed, error, skipped, xfailed or missing) or a compared tensor no longer
+    compared. Ratio growth gates only between runs of one machine fingerprint (reports.env):
+    elsewhere the CPU's or GPU's kernels round differently, and the change is listed as drift.
+    A ratio change counts only above min_ratio: at tiny ratios a x1.5 swing is noise. Details
+    name outcomes and ratios, never the failure text (the report's failure section shows it).
     """
+    if not isinstance(base, Baseline):
+        base = baseline.parse(base, "baseline")
     scope = run_scope(new) if scope is None else scope
-    new_cases = {c["nodeid"]: c for c in new["cases"]}
-    base_all = {c["nodeid"]: c for c in base["cases"]}
-    if scope.complete:
-        base_cases = {k: c for k, c in base_all.items() if scope.covers(k)}
-    else:
-        base_cases = {k: c for k, c in base_all.items() if k in new_cases}
-    result = Comparison(scope=scope, not_compared=len(base_all) - len(base_cases))
-    add = lambda cat, nodeid, detail: result.items[cat].append((nodeid, detail))
+    new_cases = baseline.entries_of_report(new)
+    base_cases = _base_in_scope(scope, base.entries, new_cases)
+    new_fp = new["environment"].get("fingerprint")
+    same = env.same_fingerprint(new_fp, base.fingerprint)
+    result = Comparison(scope=scope, not_compared=len(base.entries) - len(base_cases),
+                        same_machine=same,
+                        machine_note="" if same else env.fingerprint_difference(
+                            new_fp, base.fingerprint))  # fmt: skip
+    add = lambda cat, e, detail: result.items[cat].append((e.nodeid, detail))
+    ratio_cat = {True: ("ratio_regressions", "improvements"), False: ("drift", "drift")}[same]
 
-    for nodeid in sorted(new_cases.keys() | base_cases.keys()):
-        n, b = new_cases.get(nodeid), base_cases.get(nodeid)
+    for key in sorted(new_cases.keys() | base_cases.keys()):
+        n, b = new_cases.get(key), base_cases.get(key)
         if n is None:
-            b_out = b["outcome"]
-            cat = "dropped_skips" if b_out in ("skipped", "xfailed") else "missing"
-            add(cat, nodeid, f"was {b_out}")
+            cat = "dropped_skips" if b.outcome in SKIPPED else "missing"
+            add(cat, b, f"was {b.outcome}")
             continue
-        n_out = n["outcome"]
-        nr = worst_ratio(n)
+        nr = n.ratio
         if b is None:
-            if n_out in FAILING:  # a case that appears failing is a new failure, not news
-                add("new_failures", nodeid, f"new case, {n_out}")
-            elif n_out == "passed" and nr is not None and math.isinf(nr):
-                add("non_finite", nodeid, f"new case, worst ratio {_ratio_text(n)}")
+            if n.outcome in FAILING:  # a case that appears failing is a new failure, not news
+                add("new_failures", n, f"new case, {n.outcome}")
+            elif n.outcome == "passed" and nr is not None and math.isinf(nr):
+                add("non_finite", n, f"new case, worst ratio {_ratio_text(n)}")
             else:
-                add("new_cases", nodeid, n_out)
+                add("new_cases", n, n.outcome)
             continue
-        b_out = b["outcome"]
-        if n_out in FAILING:
-            if b_out in FAILING:
-                add("still_failing", nodeid, f"{b_out} -> {n_out}")
+        if n.outcome in FAILING:
+            if b.outcome in FAILING:
+                add("still_failing", n, f"{b.outcome} -> {n.outcome}")
             else:
-                add("new_failures", nodeid, f"{b_out} -> {n_out}")
-        elif b_out == "passed" and n_out in ("skipped", "xfailed"):
-            add("lost_coverage", nodeid, f"passed -> {n_out}: {n.get('skip_reason') or '-'}")
-        elif b_out in FAILING and n_out == "xfailed":
-            add("excused_failures", nodeid, f"{b_out} -> xfailed: {n.get('skip_reason') or '-'}")
-        elif b_out == n_out == "xfailed":
-            old, now = b.get("skip_reason") or "-", n.get("skip_reason") or "-"
-            add("still_xfailed", nodeid, now if old == now else f"reason was: {old}; now: {now}")
-        elif b_out in FAILING or (b_out in ("skipped", "xfailed") and n_out == "passed"):
-            add("improvements", nodeid, f"{b_out} -> {n_out}")
-        elif b_out == "xfailed" and n_out == "xpassed":
-            add("improvements", nodeid, "xfailed -> xpassed (the known failure passes)")
-        elif b_out == n_out == "passed":
-            br = worst_ratio(b)
+                add("new_failures", n, f"{b.outcome} -> {n.outcome}")
+        elif b.outcome == "passed" and n.outcome in ("skipped", "xfailed"):
+            add("lost_coverage", n, f"passed -> {n.outcome}: {n.reason or '-'}")
+        elif b.outcome in FAILING and n.outcome == "xfailed":
+            add("excused_failures", n, f"{b.outcome} -> xfailed: {n.reason or '-'}")
+        elif b.outcome == n.outcome == "xfailed":
+            old, now = b.reason or "-", n.reason or "-"
+            add("still_xfailed", n, now if old == now else f"reason was: {old}; now: {now}")
+        elif b.outcome in FAILING or (b.outcome in SKIPPED and n.outcome == "passed"):
+            add("improvements", n, f"{b.outcome} -> {n.outcome}")
+        elif b.outcome == "xfailed" and n.outcome == "xpassed":
+            add("improvements", n, "xfailed -> xpassed (the known failure passes)")
+        elif b.outcome == n.outcome == "passed":
             if nr is not None and math.isinf(nr):
-                add("non_finite", nodeid, f"worst ratio {_ratio_text(b)} -> {_ratio_text(n)}")
+                add("non_finite", n, f"worst ratio {_ratio_text(b)} -> {_ratio_text(n)}")
                 continue
-            if br is not None and nr is None:
-                add("lost_checks", nodeid, f"worst ratio {_ratio_text(b)} -> no tensor compared")
+            lost = sorted(set(b.checked) - set(n.checked))
+            if lost or (b.ratio is not None and nr is None):
+                add("lost_checks", n, f"no longer compared: {', '.join(lost) or 'any tensor'}")
                 continue
+            br = b.ratio
             if nr is None or br is None:
                 continue
             change = f"worst ratio {_ratio_text(b)} -> {_ratio_text(n)}"
             if nr > min_ratio and nr > factor * br:
                 growth = f", x{nr / br:.2g}" if br > 0 and math.isfinite(br) else ""
-                add("ratio_regressions", nodeid, change + growth)
+                add(ratio_cat[0], n, change + growth)
             elif br > min_ratio and nr * factor < br:
-                add("improvements", nodeid, change)
+                add(ratio_cat[1], n, change)
     return result
 
 
@@ -160,6 +176,11 @@ def format_comparison(result: Comparison, new_label: str, base_label: str, limit
     if result.not_compared:
         why = "not selected by this run" if not result.scope.complete else "outside its paths"
         lines.append(f"  {result.not_compared} baseline case(s) not compared ({why})")
+    if not result.same_machine:
+        lines.append(
+            f"  another machine fingerprint ({result.machine_note}): ratio growth is drift, "
+            "listed, not gated; outcomes gate as always"
+        )
     for name, (title, gate) in CATEGORIES.items():
         items = result.items[name]
         if not items:

@@ -71,6 +71,67 @@ def torch_versions() -> dict[str, str | None]:
     return {"torch": consts.get("__version__"), "torch_cuda": consts.get("cuda")}
 
 
+# The variables that hold torch's CPU kernels to an instruction set (ATen's dispatch, oneDNN, MKL):
+# part of the fingerprint when set, since they change the CPU kernels' rounding as the CPU does.
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo on Linux, else platform.processor())."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() in ("model name", "Model", "Hardware"):
+                return value.strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def cpu_capability() -> str | None:
+    """The instruction set torch's CPU kernels dispatch to ("AVX512", "AVX2", "DEFAULT", ...:
+    torch.backends.cpu.get_cpu_capability(), which follows ATEN_CPU_CAPABILITY). Asked of the
+    loaded torch, else of a child process (the controller need not import torch for it)."""
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    if "torch" in sys.modules:
+        try:
+            return str(sys.modules["torch"].backends.cpu.get_cpu_capability())
+        except Exception:  # an older torch without the query
+            return None
+    out = _run([sys.executable, "-c", code])
+    return out.strip() or None if out else None
+
+
+def fingerprint(gpu_list: list[dict[str, str]] | None = None) -> dict:
+    """What makes two runs of one implementation round alike: the CPU model and the instruction
+    set torch's CPU kernels use (with the variables that hold them to one), the GPUs and their
+    driver, torch's and CUDA's versions. Ratio growth gates only between runs of one
+    fingerprint; between others it is drift (reports.compare)."""
+    gpu_list = gpus() if gpu_list is None else gpu_list
+    return {
+        "cpu": cpu_model(),
+        "cpu_capability": cpu_capability(),
+        "isa_variables": {k: os.environ[k] for k in ISA_VARIABLES if os.environ.get(k)},
+        "gpus": [f"{g.get('name')} (driver {g.get('driver')})" for g in gpu_list],
+        **torch_versions(),
+    }
+
+
+def same_fingerprint(a: dict | None, b: dict | None) -> bool:
+    """Whether two fingerprints are known and equal (a report without one matches nothing)."""
+    return bool(a) and bool(b) and a == b
+
+
+def fingerprint_difference(a: dict | None, b: dict | None) -> str:
+    """What differs from fingerprint ``b`` (the baseline's) to ``a`` (this run's), for people:
+    "cpu_capability 'AVX512' -> 'AVX2'"."""
+    if not a or not b:
+        lacking = [who for who, f in (("this run", a), ("the baseline", b)) if not f]
+        return f"no fingerprint recorded in {' or '.join(lacking)}"
+    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return "; ".join(f"{k} {b.get(k)!r} -> {a.get(k)!r}" for k in keys) or "same"
+
+
 def git_commit(cwd: Path | str) -> str | None:
     """HEAD of the repository at cwd, with "-dirty" for uncommitted changes; None outside git."""
     head = _run(["git", "rev-parse", "HEAD"], cwd)
@@ -87,6 +148,7 @@ def environment(
     gpu_list = gpus()
     return {
         **torch_versions(),
+        "fingerprint": fingerprint(gpu_list),
         "gpus": gpu_list,
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from reports.model import ReportError, build_report, interrupted
@@ -68,12 +69,16 @@ def merge_reports(reports: list[tuple[str, dict]]) -> dict:
                 "git_commit": e.get("git_commit"),
                 "machine_class": e.get("machine_class"),
                 "selection": e.get("selection"),
+                "fingerprint": e.get("fingerprint"),
                 "date_utc": e.get("date_utc"),
                 "cases": len(report["cases"]),
                 "duration_s": report["summary"].get("duration_s"),
             }
         )
     environment = {**reports[0][1]["environment"], "shard": None, "shards": shards}
+    # shards of several machines have no one fingerprint: their ratios gate against none
+    if len({json.dumps(s["fingerprint"], sort_keys=True) for s in shards}) > 1:
+        environment["fingerprint"] = None
     # the whole split ran what each shard selected; shards that selected differently are a subset
     selections = [r["environment"].get("selection") for _, r in reports]
     if any(s != selections[0] for s in selections):
@@ -99,8 +104,8 @@ def inconsistencies(merged: dict) -> list[str]:
     """Warnings for shards that should not be merged silently (other commit, other machine)."""
     shards = merged["environment"].get("shards", [])
     warnings = []
-    for key in ("git_commit", "machine_class", "selection"):
-        values = sorted({str(s.get(key)) for s in shards if key in s})
+    for key in ("git_commit", "machine_class", "selection", "fingerprint"):
+        values = sorted({json.dumps(s.get(key), sort_keys=True) for s in shards if key in s})
         if len(values) > 1:
             warnings.append(f"shards differ in {key}: {', '.join(values)}")
     return warnings

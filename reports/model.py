@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,20 @@ DEFAULT_SCOPE = ("suites",)
 
 class ReportError(Exception):
     """A report file that is missing, unreadable or not a te-conformance report."""
+
+
+def case_key(nodeid: str) -> str:
+    """A case's stable key: its test file's stem, then the node id's names and parameters
+    ('suites/test_attention.py::test_core[bf16]' -> 'test_attention::test_core[bf16]'). It does
+    not change with the rootdir, the directory the suites are installed in, or a move of the file
+    to another folder; baselines are keyed by it (reports.baseline), and a renamed test is carried
+    over by the baseline's rename map."""
+    path, sep, rest = nodeid.partition("::")
+    if not sep:
+        return nodeid
+    stem = path.rstrip("/").rsplit("/", 1)[-1]
+    stem = stem[:-3] if stem.endswith(".py") else stem
+    return f"{stem}::{rest}"
 
 
 def to_float(value: Any) -> float | None:
@@ -198,26 +214,115 @@ def _under(nodeid: str, path: str) -> bool:
     return nodeid == path or nodeid.startswith((path + "/", path + "::", path + "["))
 
 
+def _item_name(nodeid: str) -> str:
+    return nodeid.rsplit("::", 1)[-1]
+
+
+def keyword_names(nodeid: str, keywords: list[str]) -> set[str]:
+    """The names -k matches for a recorded case: its recorded keywords (reports.plugin
+    selection_tags), its own name and its parameter id."""
+    name = _item_name(nodeid)
+    m = re.search(r"\[(.*)\]$", name)
+    return {*keywords, name, *([m.group(1)] if m else [])}
+
+
+class SelectionError(Exception):
+    """A selection that cannot be applied to recorded cases (said why)."""
+
+
+def _expression(text: str, flag: str):
+    """pytest's own -k/-m grammar (the same parser the run used)."""
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError as e:  # pragma: no cover - pytest is a dependency of the plugin
+        raise SelectionError(f"{flag} cannot be evaluated without pytest: {e}") from None
+    try:
+        return Expression.compile(text)
+    except Exception as e:  # pytest's ParseError
+        raise SelectionError(f"{flag} {text!r} does not parse: {e}") from None
+
+
+def _keyword_matcher(names: set[str]):
+    lowered = [n.lower() for n in names]
+
+    def match(subname: str, /, **kwargs) -> bool:
+        if kwargs:
+            raise SelectionError("-k takes no call parameters")
+        sub = subname.lower()
+        return any(sub in n for n in lowered)
+
+    return match
+
+
+def _mark_matcher(marks: set[str]):
+    def match(name: str, /, **kwargs) -> bool:
+        if kwargs:  # -m "name(arg=...)": the recorded marks keep names only
+            raise SelectionError("-m with marker arguments cannot be applied to recorded cases")
+        return name in marks
+
+    return match
+
+
 @dataclass(frozen=True)
 class Scope:
     """Which cases a run was meant to run. A complete run (no -k/-m/--deselect/--lf/--te-shard,
     and the default paths or paths that include them) answers for every baseline case under its
-    paths: one that did not run is missing. A subset run answers only for the cases it ran."""
+    paths: one that did not run is missing. A subset run answers for every baseline case its
+    selection selects (``selects``: the same paths, -k, -m, --deselect and shard applied to the
+    case as the baseline recorded it); only a selection that cannot be applied to recorded cases
+    (--lf, shards that selected differently) answers for the cases it ran alone."""
 
     complete: bool
     paths: tuple[str, ...] = ()  # () or ("."): everything
     narrowed_by: tuple[str, ...] = ()  # what made it a subset, for people
+    keyword: str | None = None
+    markexpr: str | None = None
+    deselect: tuple[str, ...] = ()
+    shard: str | None = None
+    unapplicable: tuple[str, ...] = ()  # why the selection cannot be applied to recorded cases
 
     def covers(self, nodeid: str) -> bool:
         return not self.paths or any(_under(nodeid, p) for p in self.paths)
+
+    def selects(self, nodeid: str, key: str, marks, keywords) -> bool:
+        """Whether this run's selection selects a recorded case (node id, case key, marks and
+        keywords as reports.plugin recorded them); SelectionError where it cannot tell (a case
+        recorded without keywords under -k, say)."""
+        if self.unapplicable:
+            raise SelectionError("; ".join(self.unapplicable))
+        if not self.covers(nodeid):
+            return False
+        if self.deselect and nodeid.startswith(self.deselect):
+            return False
+        if self.shard:
+            i, _, n = self.shard.partition("/")
+            if zlib.crc32(key.encode()) % int(n) != int(i) - 1:
+                return False
+        if self.markexpr:
+            if marks is None:
+                raise SelectionError("the baseline recorded no marks for its cases")
+            if not _expression(self.markexpr, "-m").evaluate(_mark_matcher(set(marks))):
+                return False
+        if self.keyword:
+            if keywords is None:
+                raise SelectionError("the baseline recorded no keywords for its cases")
+            names = keyword_names(nodeid, keywords)
+            if not _expression(self.keyword, "-k").evaluate(_keyword_matcher(names)):
+                return False
+        return True
 
     def describe(self) -> str:
         where = " ".join(self.paths) if self.paths else "every collected test"
         if self.complete:
             return f"full run ({where}): every baseline case under these paths must run"
+        if self.unapplicable:
+            return (
+                f"subset run ({'; '.join(self.narrowed_by)}): compared with the baseline only on "
+                f"the cases it ran ({'; '.join(self.unapplicable)})"
+            )
         return (
-            f"subset run ({'; '.join(self.narrowed_by)}): compared with the baseline only on the "
-            "cases it selected; baseline cases it did not select are not counted as missing"
+            f"subset run ({'; '.join(self.narrowed_by)}): every baseline case this selection "
+            "selects must run"
         )
 
     @property
@@ -235,7 +340,7 @@ def run_scope(report: dict) -> Scope:
     sel = env.get("selection")
     if not isinstance(sel, dict):
         return WHOLE
-    narrowed = []
+    narrowed, unapplicable = [], []
     if sel.get("keyword"):
         narrowed.append(f"-k {sel['keyword']}")
     if sel.get("markexpr"):
@@ -244,13 +349,27 @@ def run_scope(report: dict) -> Scope:
         narrowed.append(f"--deselect ({len(sel['deselect'])})")
     if sel.get("last_failed"):
         narrowed.append("--lf")
-    if env.get("shard"):
-        narrowed.append(f"--te-shard {env['shard']}")
+        unapplicable.append("--lf selects by an earlier run's failures")
+    shard = str(env["shard"]) if env.get("shard") else None
+    if shard:
+        narrowed.append(f"--te-shard {shard}")
+        if not re.fullmatch(r"\d+/\d+", shard):
+            unapplicable.append(f"unreadable shard {shard!r}")
     if sel.get("mixed"):
         narrowed.append("shards that ran different selections")
+        unapplicable.append("its shards ran different selections")
     paths = tuple(str(p) for p in sel.get("paths") or ())
     everything = not paths or any(p.rstrip("/") in (".", "") for p in paths)
     default_covered = all(any(_under(d, p) for p in paths) for d in DEFAULT_SCOPE)
     if not (everything or sel.get("default_paths") or default_covered):
         narrowed.append("paths " + " ".join(paths))
-    return Scope(not narrowed, () if everything else paths, tuple(narrowed))
+    return Scope(
+        not narrowed,
+        () if everything else paths,
+        tuple(narrowed),
+        keyword=sel.get("keyword") or None,
+        markexpr=sel.get("markexpr") or None,
+        deselect=tuple(sel.get("deselect") or ()),
+        shard=shard,
+        unapplicable=tuple(unapplicable),
+    )

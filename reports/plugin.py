@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import zlib
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reports import env, record
-from reports.model import build_report, write_report
+from reports.model import build_report, case_key, write_report
 
 MAX_LONGREPR = 4000
 
@@ -57,9 +58,35 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
-def in_shard(nodeid: str, i: int, n: int) -> bool:
-    """Whether nodeid belongs to shard i of n (stable across processes and machines)."""
-    return zlib.crc32(nodeid.encode()) % n == i - 1
+def in_shard(key: str, i: int, n: int) -> bool:
+    """Whether the case of this key (case_key) belongs to shard i of n (stable across processes,
+    machines and rootdirs)."""
+    return zlib.crc32(key.encode()) % n == i - 1
+
+
+def selection_tags(item) -> dict:
+    """What -k and -m see of an item, as data: ``marks`` (the names -m matches) and
+    ``keywords`` (the names -k matches, less the item's own name and parameter id, which its
+    key holds), so that a later run's -k/-m can be applied to a baseline that holds this case
+    (reports.model.Scope). ``keywords`` is None where pytest's matcher could not be read."""
+    marks = sorted({m.name for m in item.iter_markers()})
+    try:
+        from _pytest.mark import KeywordMatcher
+
+        names = set(KeywordMatcher.from_item(item)._names)
+    except Exception:  # another pytest's internals: -k cannot be applied to this case later
+        return {"marks": marks, "keywords": None}
+    callspec = getattr(item, "callspec", None)
+    names -= {item.name, getattr(callspec, "id", None)}
+    return {"marks": marks, "keywords": sorted(n for n in names if isinstance(n, str))}
+
+
+def adapter_name(item) -> str | None:
+    """The name of the adapter an item is parametrized with (its ``adapter`` argument), or None
+    for a test that judges no adapter (te_fast's own tests, te_ref's, the checks' self-tests)."""
+    params = getattr(getattr(item, "callspec", None), "params", None) or {}
+    name = getattr(params.get("adapter"), "name", None)
+    return name if isinstance(name, str) else None
 
 
 _stopped_by: list[str] = []  # the signal that ended this process's session early, if one did
@@ -104,14 +131,28 @@ def pytest_unconfigure(config):
     _stopped_by.clear()  # a later session in this process (pytester) starts unstopped
 
 
+def _check_keys(config, items) -> None:
+    """Two collected tests with one case key would be one baseline entry: a usage error."""
+    seen: dict[str, str] = {}
+    for item in items:
+        other = seen.setdefault(case_key(item.nodeid), item.nodeid)
+        if other != item.nodeid:
+            raise pytest.UsageError(
+                f"{other} and {item.nodeid} have the same case key {case_key(item.nodeid)!r} "
+                "(test file stem and test name): rename one of the files or tests"
+            )
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("te_report") or config.getoption("te_shard"):
+        _check_keys(config, items)
     shard = config.getoption("te_shard")
     if shard is None:
         return
     i, n = parse_shard(shard)
-    keep = [item for item in items if in_shard(item.nodeid, i, n)]
-    dropped = [item for item in items if not in_shard(item.nodeid, i, n)]
+    keep = [item for item in items if in_shard(case_key(item.nodeid), i, n)]
+    dropped = [item for item in items if not in_shard(case_key(item.nodeid), i, n)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
@@ -148,9 +189,24 @@ def pytest_runtest_setup(item):
                     "kind": "env",
                     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                     "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+                    "torch_threads": _torch_threads(),
                 },
             )
         )
+        item.user_properties.append(
+            (record.PROPERTY_KEY, {"kind": "item", "adapter": adapter_name(item),
+                                   **selection_tags(item)})  # fmt: skip
+        )
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op threads in this process (None where torch is not loaded): they change
+    how CPU reductions split, so they belong to the fingerprint (ReportWriter)."""
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.get_num_threads()) if torch is not None else None
+    except Exception:
+        return None
 
 
 def selection(config) -> dict:
@@ -177,23 +233,18 @@ def selection(config) -> dict:
     }
 
 
-def judged_impls(config) -> list[str] | None:
-    """The names of the adapters the run judges: the suites' --impl resolved to adapter names
-    (`package.module:Class` and entry points name their adapter's `name`), or the suites' default
-    selection without --impl; None where the suites' plugin is not loaded. `python -m reports
-    matrix` reads it (environment.impls) to put the run in its columns."""
-    try:
-        specs = config.getoption("impl")
-    except ValueError:  # no --impl option: not a run of the suites
-        return None
-    try:
-        from suites.adapters import selected
-    except ImportError:
-        return list(specs) if specs else None
-    try:
-        return [adapter.name for adapter in selected(config)]
-    except Exception:  # an --impl that does not resolve (or whose import fails): collection
-        return list(specs) if specs else None  # reports it; the report is written all the same
+class Hooks:
+    """The hook through which a suite plugin tells the report what it judges."""
+
+    @pytest.hookspec(firstresult=True)
+    def pytest_te_report_impls(self, config) -> list[dict] | None:
+        """The implementations this run judges, [{"name": ..., "version": ...}] (the version
+        from the implementation's package metadata; None when unknown). The suites' plugin
+        answers it from the adapters --impl selects; reports/ knows nothing of adapters."""
+
+
+def pytest_addhooks(pluginmanager):
+    pluginmanager.add_hookspecs(Hooks)
 
 
 def case_id(nodeid: str) -> str:
@@ -247,6 +298,7 @@ class ReportWriter:
         self.tests: dict[str, dict] = {}
         self.start = time.time()
         self.environment: dict = {}
+        self.threads: set[int] = set()  # torch's threads in the processes that ran tests
 
     def pytest_sessionstart(self, session):
         self.start = time.time()
@@ -257,9 +309,17 @@ class ReportWriter:
             self.config.getoption("te_machine_class"),
         )
         self.environment["selection"] = selection(self.config)
-        impls = judged_impls(self.config)
+        self.environment["started_in"] = str(self.config.invocation_params.dir)
+        self.environment["rootdir"] = str(self.config.rootpath)
+        try:
+            impls = self.config.hook.pytest_te_report_impls(config=self.config)
+        except pytest.UsageError:  # an --impl that does not resolve: collection reports it
+            impls = None
         if impls is not None:
-            self.environment["impls"] = impls
+            # environment.impls: the names (python -m reports matrix puts the run in those
+            # columns); impl_versions: what was judged, name -> version
+            self.environment["impls"] = [i["name"] for i in impls]
+            self.environment["impl_versions"] = {i["name"]: i.get("version") for i in impls}
 
     def _add(self, report) -> None:
         t = self.tests.setdefault(
@@ -306,12 +366,13 @@ class ReportWriter:
         if report.failed or report.skipped:
             self._add(report)
 
-    @staticmethod
-    def _case(nodeid: str, t: dict) -> dict:
+    def _case(self, nodeid: str, t: dict) -> dict:
         fields: dict = {}
         tensors: list = []
         counters: dict = {}
         environ: dict = {}
+        item: dict = {}
+        expected: list = []
         for entry in t["props"]:
             if len(entry) != 2 or entry[0] != record.PROPERTY_KEY or not isinstance(entry[1], dict):
                 continue
@@ -323,6 +384,11 @@ class ReportWriter:
                 tensors.append(payload)
             elif kind == "env":
                 environ.update(payload)
+            elif kind == "item":
+                item.update(payload)
+            elif kind == "expected":
+                if payload not in expected:
+                    expected.append(payload)
             elif kind == "counters":
                 # Several calls (e.g. forward, then backward) add up.
                 for k, v in payload.items():
@@ -332,10 +398,17 @@ class ReportWriter:
                     )
                     counters[k] = old + v if both_num else v
         texts = t["texts"]
+        if environ.get("torch_threads") is not None:
+            self.threads.add(environ["torch_threads"])
         return record._plain(
             {
                 "nodeid": nodeid or "<collection>",
+                "key": case_key(nodeid) if nodeid else "<collection>",
                 "id": case_id(nodeid),
+                "adapter": item.get("adapter"),
+                "marks": item.get("marks"),
+                "keywords": item.get("keywords"),
+                "expected": expected,
                 "outcome": t["outcome"] or "error",
                 "fields": fields,
                 "tensors": tensors,
@@ -363,6 +436,10 @@ class ReportWriter:
             for nodeid, t in self.tests.items()
             if t["outcome"] is not None or not stopped
         ]
+        fingerprint = self.environment.get("fingerprint")
+        if isinstance(fingerprint, dict):  # the threads the tests ran with: one count, or all
+            threads = sorted(self.threads)
+            fingerprint["torch_threads"] = threads[0] if len(threads) == 1 else threads or None
         report = build_report(
             cases,
             self.environment,

@@ -68,6 +68,20 @@ def tensor(name: str, max_abs_err: float, bound: float, ratio: float, **extra: A
     )
 
 
+def expected_on(item, **payload: Any) -> None:
+    """Record on ``item`` (at collection, before it runs) an expected outcome the suites applied:
+    ``source`` ("known_failure", "te_deviation", "declared": an adapter's declared difference),
+    ``reason``, and where known ``adapter``, ``tensors`` (the tensors expected to fail),
+    ``defined_at`` ("path:line" of the declaration). The report lists them by source and
+    adapter; it never parses the xfail reason text."""
+    item.user_properties.append((PROPERTY_KEY, {"kind": "expected", **_plain(payload)}))
+
+
+def expected(**payload: Any) -> None:
+    """``expected_on`` for the running test (an expected outcome decided at run time)."""
+    _append("expected", _plain(payload))
+
+
 def counters(**values: Any) -> None:
     """Compile counters: graph_breaks, cudagraph_skips, recompiles, graphs_recorded, ..."""
     _append("counters", {k: _plain(v) for k, v in values.items()})

@@ -189,6 +189,9 @@ def _environment_rows(env: dict) -> list[list]:
         ["python", env.get("python")],
         ["platform", env.get("platform")],
         ["hostname", env.get("hostname")],
+        ["judged", ", ".join(f"{n} ({v or 'version unknown'})" for n, v in
+                             (env.get("impl_versions") or {}).items()) or "-"],
+        ["fingerprint", fingerprint_text(env.get("fingerprint"))],
         ["git commit", env.get("git_commit") or "-"],
         ["date (UTC)", env.get("date_utc")],
         ["pytest args", " ".join(env.get("pytest_args") or [])],
@@ -203,6 +206,46 @@ def _environment_rows(env: dict) -> list[list]:
             ]
         )
     return [[k, "-" if v is None else v] for k, v in rows]
+
+
+def fingerprint_text(fp: dict | None) -> str:
+    """A machine fingerprint (reports.env.fingerprint) in one line: 'AMD EPYC AVX2, torch
+    2.13.0+cpu' (+ the ISA variables, GPUs and CUDA where there are)."""
+    if not fp:
+        return "none recorded"
+    parts = [f"{fp.get('cpu') or '?'} {fp.get('cpu_capability') or '?'}"]
+    parts += [f"{k}={v}" for k, v in (fp.get("isa_variables") or {}).items()]
+    parts += list(fp.get("gpus") or [])
+    cuda = f" CUDA {fp['torch_cuda']}" if fp.get("torch_cuda") else ""
+    return ", ".join([*parts, f"torch {fp.get('torch')}{cuda}"])
+
+
+def adapter_counts(report: dict) -> list[tuple[str, dict]]:
+    """[(adapter, outcome counts)] of the cases each adapter's tests judged (the tests that take
+    an ``adapter``), then ("not an adapter's", counts) for the other tests (te_fast's own ops,
+    te_ref's and the checks' self-tests), which judge no adapter."""
+    groups: dict[str, Counter] = defaultdict(Counter)
+    for c in report["cases"]:
+        groups[c.get("adapter") or ""][c["outcome"]] += 1
+    named = sorted(k for k in groups if k)
+    return [(k, dict(groups[k])) for k in named] + (
+        [("not an adapter's", dict(groups[""]))] if "" in groups else []
+    )
+
+
+def expected_rows(report: dict) -> list[list]:
+    """[adapter, source, tensors, reason, cases, outcomes, defined at], one row per expected
+    outcome the suites applied (known failures, declared differences, TE deviations: each
+    case's ``expected`` records, reports.record.expected_on)."""
+    groups: dict[tuple, Counter] = defaultdict(Counter)
+    for c in report["cases"]:
+        for e in c.get("expected") or []:
+            key = (e.get("adapter") or c.get("adapter") or "-", e.get("source") or "-",
+                   ", ".join(e.get("tensors") or []) or "-", e.get("reason") or "-",
+                   e.get("defined_at") or "-")  # fmt: skip
+            groups[key][c["outcome"]] += 1
+    return [[a, src, t, reason, sum(n.values()), outcome_counts(n), where]
+            for (a, src, t, reason, where), n in sorted(groups.items())]  # fmt: skip
 
 
 def _grouped(cases: list[dict], key) -> list[list]:
@@ -233,6 +276,22 @@ def tables(report: dict) -> list[Table]:
     """Every table of the report, in order; empty sections are left out."""
     cases = report["cases"]
     out = [Table("Environment", ["", ""], _environment_rows(report["environment"]))]
+    by_adapter = adapter_counts(report)
+    if any(name != "not an adapter's" for name, _ in by_adapter):
+        out.append(Table(
+            "Cases by adapter", ["adapter", *OUTCOMES, "total"],
+            [[name, *(n.get(o, 0) for o in OUTCOMES), sum(n.values())] for name, n in by_adapter],
+            "an adapter's cases are those of the tests that take it (the conformance suites); "
+            "the rest judge no adapter and are counted apart",
+        ))  # fmt: skip
+    expected = expected_rows(report)
+    if expected:
+        out.append(Table(
+            "Expected differences", ["adapter", "source", "tensors", "reason", "cases",
+                                     "outcomes", "defined at"], expected,
+            "strict expected failures: each must fail on its tensors and nothing else "
+            "(xfailed); a case that passes or fails otherwise is a failure",
+        ))  # fmt: skip
     counts = ["cases", "pass", "fail", "skip", "worst ratio"]
     out.append(
         Table(
@@ -388,10 +447,26 @@ def worst_at(case: dict, tensor: dict | None) -> str | None:
 REPRODUCE = re.compile(r"^(?:E\s+)?reproduce(?: \([^)]*\))?:\s*(?P<cmd>\S.*)$")
 
 
-def reproducer(case: dict, pytest_args: list[str] | None = None) -> str:
+def _target(nodeid: str, environment: dict | None) -> list[str]:
+    """How pytest names the case from the directory the run started in: its node id where the
+    run started in its rootdir; else (an installed package's tests, run from elsewhere) the
+    node id as a --pyargs module path ('suites/test_x.py::t[a]' -> --pyargs 'suites.test_x::t[a]'),
+    or, for a path that is no module path, the file's absolute path."""
+    env = environment or {}
+    started, root = env.get("started_in"), env.get("rootdir")
+    if not started or not root or Path(started) == Path(root):
+        return [nodeid]
+    path, sep, rest = nodeid.partition("::")
+    if path.endswith(".py") and not path.startswith(("..", "/")):
+        return ["--pyargs", path[:-3].replace("/", ".") + sep + rest]
+    return [str(Path(root, path)) + sep + rest]
+
+
+def reproducer(case: dict, pytest_args: list[str] | None = None,
+               environment: dict | None = None) -> str:  # fmt: skip
     """One line that reproduces a failing case: the first `reproduce: <command>` line of its
-    failure text (the format checks print), else pytest on the case's node id (with the run's
-    --impl adapters)."""
+    failure text (the format checks print), else pytest on the case (with the run's --impl
+    adapters), named so that it runs from the directory the run started in (_target)."""
     for text in (case.get("message"), case.get("longrepr")):
         for line in (text or "").splitlines():
             if m := REPRODUCE.match(line.strip()):
@@ -403,7 +478,8 @@ def reproducer(case: dict, pytest_args: list[str] | None = None) -> str:
             impls += ["--impl", args[i + 1]]
         elif a.startswith("--impl="):
             impls.append(a)
-    return shlex.join(["python", "-m", "pytest", "-p", "no:xdist", *impls, case["nodeid"]])
+    target = _target(case["nodeid"], environment)
+    return shlex.join(["python", "-m", "pytest", "-p", "no:xdist", *impls, *target])
 
 
 @dataclass
@@ -455,7 +531,7 @@ def failure_entries(report: dict) -> list[Failure]:
                 traceback=None
                 if i >= TRACEBACKS_N
                 else _without_message(c.get("longrepr"), message),
-                reproducer=reproducer(c, args),
+                reproducer=reproducer(c, args, report["environment"]),
                 worst=worst,
             )
         )

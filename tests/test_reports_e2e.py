@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from reports import baseline as B
 from reports.merge import merge_reports
 from reports.model import load_report
 
@@ -244,7 +245,7 @@ def test_run_gates_on_the_baseline(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"baseline updated: {base}" in first.stdout
     assert "-n auto" in first.stdout  # xdist added by default
-    assert load_report(base)["summary"]["passed"] == 4
+    assert B.load(base).made_from["summary"]["passed"] == 4
 
     again = run_cli(suite, out, "--baseline", str(base))
     assert again.returncode == 0, again.stdout + again.stderr
@@ -270,7 +271,7 @@ def test_run_gates_on_the_baseline(tmp_path):
     assert "REGRESSED (new failures) test_tiny.py::test_attn[fp16]: passed -> failed" in verdict
     refused = run_cli(suite, out, "--baseline", str(base), "--update-baseline")
     assert refused.returncode == 1 and "refusing to update the baseline" in refused.stdout
-    assert load_report(base)["summary"]["failed"] == 0
+    assert B.load(base).made_from["summary"]["failed"] == 0
 
 
 SLOW_SUITE = """

@@ -12,6 +12,7 @@ import pytest
 from test_reports_e2e import child_env, make_suite
 from test_reports_unit import BASE, case, changed, names, report, write
 
+from reports import baseline as B
 from reports.__main__ import main
 from reports.compare import compare, format_comparison
 from reports.merge import merge_reports
@@ -43,7 +44,7 @@ def test_update_baseline_refuses_lost_coverage_without_a_reason(tmp_path, capsys
     assert f"overridden: --accept-loss: 2 case(s) of lost coverage accepted: {why}" in (
         capsys.readouterr().out
     )
-    accepted = load_report(base)["accepted_loss"]
+    accepted = B.load(base).accepted_loss
     assert accepted["reason"] == why
     assert [c.split(":")[0] for c in accepted["cases"]] == ["t.py", "t.py"]
     assert any("t.py::test_d" in c for c in accepted["cases"])
@@ -345,7 +346,7 @@ def test_run_gates_first_runs_subsets_and_coverage_loss(tmp_path):
     accepted = run_cli(suite, out, "--baseline", str(base), "--update-baseline",
                        "--accept-loss", why)  # fmt: skip
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
-    assert load_report(base)["accepted_loss"]["reason"] == why
+    assert B.load(base).accepted_loss["reason"] == why
     verdict = json.loads((out / "report.json").read_text())["verdict"]
     assert verdict["overrides"] == [f"--accept-loss: 2 case(s) of lost coverage accepted: {why}"]
     assert f"overridden: --accept-loss: 2 case(s) of lost coverage accepted: {why}" in (
