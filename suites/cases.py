@@ -184,6 +184,44 @@ def alignment_matrix(device: str) -> list[AttnCase]:
     return cases
 
 
+def decode_matrix(device: str) -> list[AttnCase]:
+    """Decoding, one query token against a longer key/value sequence (sq = 1 < skv): every mask
+    type x bottom_right_diagonal (None, True, False) on bshd with GQA, the same with a sliding
+    window for the types whose window alignment the override decides (no_mask, padding,
+    arbitrary) and for the two causal types, and the padding types x the overrides on a thd q
+    against a thd key/value batch and against a bshd kv cache longer than its filled lengths;
+    the device's first dtype.
+
+    Why: with one query the two alignments are furthest apart (te_ref: top-left causal keeps
+    key 0 only, bottom-right keeps every key; a window sits at key 0 or at the last key), and
+    implementations special-case one query token (a decode kernel, or dropping the causal flag
+    for it); the alignment matrix met sq = 1 only with skv = 1, where both keep the one key.
+    TE forces the causal types' alignment whatever bottom_right_diagonal says (SPEC §2): the
+    causal cases with an override check that it is ignored.
+    """
+    s = SIZES[device]
+    dtype = DEVICE_DTYPES[device][0]
+    skv = s["skv"] + s["skv"] // 2 + 3
+    cases = []
+    windowed = [(mask, diagonal, (4, 1)) for mask, diagonal in itertools.product(
+        ("no_mask", "padding", "arbitrary"), (None, True, False))]  # fmt: skip
+    windowed += [(mask, None, (4, 0)) for mask in ("causal", "causal_bottom_right")]
+    for mask, diagonal, window in [
+        *((m, d, None) for m, d in itertools.product(ATTN_MASK_TYPES, (None, True, False))),
+        *windowed,
+    ]:
+        case = AttnCase("bshd_bshd_bshd", dtype, mask, device=device, window=window,
+                        bottom_right_diagonal=diagonal)  # fmt: skip
+        cases.append(replace(sized(case, gqa=2), sq=1, skv=skv))
+    for layout, mask, diagonal in itertools.product(
+        ("thd_thd_thd", "thd_bshd_bshd"), CORE_MASKS_THD, (None, True, False)
+    ):
+        case = AttnCase(layout, dtype, mask, device=device, bottom_right_diagonal=diagonal,
+                        kv_cache_extra=9 if layout == "thd_bshd_bshd" else 0)  # fmt: skip
+        cases.append(replace(sized(case), sq=1, skv=skv))
+    return cases
+
+
 def alibi_matrix(device: str) -> list[AttnCase]:
     """ALiBi with default, per-head and per-batch-and-head slopes x a power-of-2 head count and 6
     heads x no mask and causal, on bshd in the device's first dtype.
@@ -524,3 +562,33 @@ def _output_shape(case: AttnCase, t_q: int) -> tuple[int, ...]:
     if q_format == "bshd":
         return (case.b, case.sq, case.h * case.dv)
     return (t_q, case.h * case.dv)
+
+
+# ----------------------------------------------------------------------------- for adapters
+
+
+def fully_masked_rows(case: AttnCase) -> int:
+    """How many rows of real (unpadded) queries, per head, have no key left to attend to (SPEC
+    §2.4: their output is exactly 0) in the inputs the eager suites judge ``case`` on
+    (suites/checks/attention.py prepare: make_inputs with a generator seeded from the case id;
+    the suites of test_attention.py). For a declared difference's predicate (docs/adapters.md
+    #declared-differences): a padded or masked pattern decides it, and the lengths are drawn,
+    so the case's fields alone do not tell. The mask is te_ref's (te_ref.attention.build_mask)."""
+    import zlib
+
+    from te_ref.attention import build_mask
+    from te_ref.config import resolve
+
+    cpu = torch.device("cpu")
+    inputs = make_inputs(case, cpu, torch.Generator().manual_seed(zlib.crc32(case.id.encode())))
+    q, k, v, extra = inputs.views(inputs.leaves, case)
+    call = resolve(q, k, v, softmax_type=case.softmax_type, attention_type=case.attention_type,
+                   **inputs.kwargs, **extra)  # fmt: skip
+    full = build_mask(call, cpu).all(dim=-1)  # (b, h|1, sq): nothing to attend to
+    mask = inputs.kwargs.get("attention_mask")
+    if case.mask_type.startswith("padding") and isinstance(mask, (torch.Tensor, tuple, list)):
+        mask_q = mask[0] if isinstance(mask, (tuple, list)) else mask
+        real_q = ~mask_q[:, 0, 0, :]  # (b, sq), any pattern (left padding too)
+    else:  # the first lengths_q[x] positions of each element (all of them without padding)
+        real_q = torch.arange(case.sq)[None, :] < torch.tensor(inputs.lengths_q)[:, None]
+    return int((full & real_q[:, None, :]).sum())

@@ -12,17 +12,27 @@ it; never to hide a regression the gate should stop.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
 class KnownFailure:
     """One test expected to fail SPEC §6's rule on ``tensor`` (a name check_ratio is given:
     "out", "dk", "y", "dx", ...; several, comma-separated, when the case fails on each of them
-    and on nothing else), for ``reason``."""
+    and on nothing else), for ``reason``.
+
+    ``machine_dependent`` marks another implementation's rounding one or two elements past the
+    bound, whose occurrence moves with the CPU's instruction set (torch's vectorized CPU kernels
+    round differently under AVX2 and AVX-512; seen both ways): it runs as a non-strict xfail
+    that accepts ratio failures of any of its tensors, so that a pass on another machine is an
+    XPASS, listed, not a failure; any other failure still fails. Never for te_fast, and never for
+    a difference by design."""
 
     tensor: str
     reason: str
+    machine_dependent: bool = False
 
     @property
     def tensors(self) -> tuple[str, ...]:
@@ -31,13 +41,36 @@ class KnownFailure:
 
     @property
     def raises(self) -> type[AssertionError]:
-        """The exception the xfail expects: these tensors' error-ratio failures, exactly."""
-        from suites.checks.numerics import ratio_errors
+        """The exception the xfail expects: these tensors' error-ratio failures, exactly (a
+        machine-dependent one: value failures of any of them)."""
+        from suites.checks.numerics import ratio_errors, value_failures
 
-        return ratio_errors(self.tensors)
+        return value_failures(self.tensors) if self.machine_dependent else ratio_errors(
+            self.tensors)  # fmt: skip
+
+    @property
+    def strict(self) -> bool:
+        return not self.machine_dependent
 
     def marker_reason(self) -> str:
-        return f"known failure: {self.tensor} (SPEC §6 ratio, strict): {self.reason}"
+        how = "not strict: machine-dependent rounding" if self.machine_dependent else "strict"
+        return f"known failure: {self.tensor} (SPEC §6 ratio, {how}): {self.reason}"
+
+
+@functools.cache
+def _source_lines() -> tuple[str, ...]:
+    return tuple(Path(__file__).read_text().splitlines())
+
+
+def defined_at(nodeid: str) -> str:
+    """"suites/known_failures.py:LINE" of the entry for ``nodeid`` (the first line naming its
+    parameters, or its whole id); the file alone for an entry added elsewhere."""
+    params = nodeid[nodeid.find("["):] if "[" in nodeid else nodeid
+    for needle in (nodeid, params):
+        for number, line in enumerate(_source_lines(), 1):
+            if needle in line:
+                return f"suites/known_failures.py:{number}"
+    return "suites/known_failures.py"
 
 
 KNOWN_FAILURES = {
@@ -100,14 +133,18 @@ KNOWN_FAILURES = {
 # cases) flex gives about 1e-7 and the bound is the floor; elsewhere fp32 gradients land 1.0-1.3x
 # over the bound at one or two elements. docs/adapters.md#the-flex_attention-adapter. Each entry
 # names the tensors that fail on torch 2.13 (a case failing on several fails on exactly those).
+# test_decode (one query token, sq = 1 < skv): top-left causal keeps key 0 only, so every row has
+# one visible key and the float64 dq, dk are exactly 0 there (and p = 1 exactly, dv = dO): the
+# exact-zero case above. A bottom-right decode row sees every key of its sequence and passes,
+# except where a sequence's kv length is 1 (exact zeros again) or by the rounding above.
 _FLEX_EXACT_ZEROS = (
     "flex_attention's dense backward: exact-zero gradients (one visible key per row) come out "
     "about 1e-7 (exp(s - lse) from a log2 logsumexp, row term sum(out * dout))"
 )
 _FLEX_ROUNDING = (
-    "flex_attention's dense backward: one or two fp32 gradient elements 1.0-1.3x over the bound "
-    "(exp(s - lse) recomputed from a log2 logsumexp, row term sum(out * dout) from the rounded "
-    "output)"
+    "flex_attention's dense backward rounding: one or two fp32 gradient elements 1.0-1.53x over "
+    "the bound (exp(s - lse) recomputed from a log2 logsumexp, row term sum(out * dout) from the "
+    "rounded output); which cases, if any, moves with the CPU's instruction set"
 )
 _FLEX_FUZZ = (
     "the fuzz's shrunk example for flex_attention: its dense backward's exact-zero and fp32 "
@@ -144,6 +181,23 @@ _FLEX = {
     "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal_bottom_right-one_token-diag_br-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
     "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal_bottom_right-one_token-diag_tl-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
     "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-padding_causal_bottom_right-one_token-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[bshd_bshd_bshd-fp32-causal-gqa2-cross1x22-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[bshd_bshd_bshd-fp32-causal-gqa2-cross1x22-diag_br-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[bshd_bshd_bshd-fp32-causal-gqa2-cross1x22-diag_tl-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[bshd_bshd_bshd-fp32-causal-gqa2-cross1x22-win4_0-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[bshd_bshd_bshd-fp32-padding_causal-gqa2-cross1x22-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[bshd_bshd_bshd-fp32-padding_causal-gqa2-cross1x22-diag_br-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[bshd_bshd_bshd-fp32-padding_causal-gqa2-cross1x22-diag_tl-pad_cu_seqlens-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[bshd_bshd_bshd-fp32-padding_causal_bottom_right-gqa2-cross1x22-pad_cu_seqlens-cpu-flex_attention]": ('dk', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[thd_thd_thd-fp32-padding_causal-cross1x22-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[thd_thd_thd-fp32-padding_causal-cross1x22-diag_br-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[thd_thd_thd-fp32-padding_causal-cross1x22-diag_tl-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[thd_thd_thd-fp32-padding_causal_bottom_right-cross1x22-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_decode[thd_bshd_bshd-fp32-padding_causal-cross1x22-cache+9-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[thd_bshd_bshd-fp32-padding_causal-cross1x22-diag_br-cache+9-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
+    "suites/test_attention.py::test_decode[thd_bshd_bshd-fp32-padding_causal-cross1x22-diag_tl-cache+9-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
+    # runs since max_logit is left out where flex returns none (suites/checks/coverage.py)
+    "suites/test_attention.py::test_broad[bshd_bshd_bshd-fp32-arbitrary-mqa-alibi-slopes_bh-learnable-win-1_-1-max_logit-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
     "suites/test_attention.py::test_broad[sbh3d-fp32-padding-alibi-win-1_-1-pad_mask-cpu-flex_attention]": ('dk,dq', _FLEX_ROUNDING),  # noqa: E501
     "suites/test_attention.py::test_broad[sbhd_sb2hd-fp32-no_mask-post_scale_bias_11ss-learnable-win0_0-diag_br-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
     "suites/test_attention.py::test_core[bs3hd-fp32-causal_bottom_right-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
@@ -158,7 +212,19 @@ _FLEX = {
     "suites/test_attention.py::test_thd_inference[thd_bshd_bshd-fp32-padding_causal_bottom_right-gqa2-cache+9-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
     "suites/test_attention.py::test_thd_inference[thd_bshd_bshd-fp32-padding_causal_bottom_right-zero_length-cache+9-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
     "suites/test_attention.py::test_thd_inference[thd_sbhd_sbhd-fp32-padding_causal_bottom_right-zero_length-cache+9-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    # seen on an AVX2-only CPU (AMD EPYC, torch 2.13.0+cpu), not on the AVX-512 CPU the entries
+    # above were measured on (where 7 of them fail and here pass): ratios 1.06-1.53 at one element
+    "suites/test_attention.py::test_core[sbhd_sbhd_sbhd-fp32-causal_bottom_right-gqa2-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_core[sbh3d-fp32-padding_causal-pad_cu_seqlens-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_broad[bshd_bs2hd-fp32-padding-win-1_-1-diag_br-pad_mask-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_broad[sbhd_sbhd_sbhd-fp32-padding-mqa-pre_scale_bias_b1ss-diag_br-pad_mask_left-cpu-flex_attention]": ('dbias', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-no_mask-diag_tl-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
+    "suites/test_attention.py::test_alignment[bshd_bshd_bshd-fp32-causal-diag_tl-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
 }
+# The rounding entries move with the CPU's instruction set (7 of them pass on an AVX2-only CPU,
+# the 6 above fail only there): not strict (KnownFailure.machine_dependent). The exact zeros and
+# the fuzz's shrunk examples are the same on every CPU: strict.
 KNOWN_FAILURES.update(
-    {node: KnownFailure(tensor, reason) for node, (tensor, reason) in _FLEX.items()}
-)
+    {node: KnownFailure(tensor, reason, machine_dependent=reason == _FLEX_ROUNDING)
+     for node, (tensor, reason) in _FLEX.items()}
+)  # fmt: skip

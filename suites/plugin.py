@@ -63,6 +63,21 @@ def pytest_configure(config):
     pinning.configure(config)
 
 
+def pytest_report_header(config):
+    """torch's threads per xdist worker and where ref64 is computed (suites/pinning.py)."""
+    from suites import pinning
+
+    return [pinning.header(config)]
+
+
+def pytest_te_report_impls(config):
+    """reports.plugin's hook: the adapters this run judges, with their implementations'
+    versions (Adapter.version)."""
+    from suites.adapters import selected
+
+    return [{"name": a.name, "version": a.version()} for a in selected(config)]
+
+
 def pytest_generate_tests(metafunc):
     """``@pytest.mark.per_adapter(**axes)``: the axes and the selected adapters
     (suites.adapters.parametrize_per_adapter)."""
@@ -86,17 +101,70 @@ def suite_nodeid(item) -> str:
     return item.nodeid
 
 
+def _adapter_and_case(item):
+    """The item's ``adapter`` parameter (an Adapter, or None) and its AttnCase parameter (the
+    first parameter that is one, or None)."""
+    from suites.adapters.base import Adapter
+    from suites.cases import AttnCase
+
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    adapter = params.get("adapter")
+    case = next((v for v in params.values() if isinstance(v, AttnCase)), None)
+    return (adapter if isinstance(adapter, Adapter) else None), case
+
+
+def declared_differences(item) -> list:
+    """The differences the item's ``adapter`` parameter declares (Adapter.differences) that
+    match the item: its function name, parameter id and AttnCase parameter."""
+    adapter, case = _adapter_and_case(item)
+    if adapter is None or not adapter.differences:
+        return []
+    test = getattr(item, "originalname", None) or item.name.partition("[")[0]
+    param_id = getattr(getattr(item, "callspec", None), "id", "")
+    return [d for d in adapter.differences if d.matches(test, param_id, case)]
+
+
 def pytest_collection_modifyitems(config, items):
-    """suites/known_failures.py: recorded failures run as strict xfails that count only when
-    the named tensor fails its error-ratio assertion and nothing else (raises=)."""
-    from suites.known_failures import KNOWN_FAILURES
+    """Expected failures, each a STRICT and NARROW xfail, recorded on the item for the report
+    (reports.record.expected_on): suites/known_failures.py (counts only when the named tensors
+    fail their error-ratio assertion and nothing else) and the differences an item's adapter
+    declares (suites/adapters/base.py Difference: counts only when the declared tensors fail
+    value checks and nothing else). Both apply to one item as one xfail over their union."""
+    from reports import record
+    from suites.checks.numerics import value_failures
+    from suites.known_failures import KNOWN_FAILURES, defined_at
 
     for item in items:
-        known = KNOWN_FAILURES.get(suite_nodeid(item))
+        nodeid = suite_nodeid(item)
+        known = KNOWN_FAILURES.get(nodeid)
+        declared = declared_differences(item)
+        if known is None and not declared:
+            continue
+        adapter, _ = _adapter_and_case(item)
+        by = {"adapter": adapter.name} if adapter is not None else {}
+        reasons, tensors = [], []
         if known is not None:
-            item.add_marker(
-                pytest.mark.xfail(reason=known.marker_reason(), strict=True, raises=known.raises)
+            reasons.append(known.marker_reason())
+            tensors += known.tensors
+            record.expected_on(
+                item, source="known_failure", **by, tensors=list(known.tensors),
+                reason=known.reason, defined_at=defined_at(nodeid), strict=known.strict,
+            )  # fmt: skip
+        for d in declared:
+            reasons.append(
+                f"declared difference of {adapter.name}: {','.join(d.tensors)} (value checks, "
+                f"{'strict' if d.strict else 'not strict: machine-dependent rounding'}): "
+                f"{d.reason} [{d.defined_at}]"
             )
+            tensors += [t for t in d.tensors if t not in tensors]
+            record.expected_on(
+                item, source="declared", **by, tensors=list(d.tensors), reason=d.reason,
+                defined_at=d.defined_at, strict=d.strict,
+            )  # fmt: skip
+        raises = known.raises if not declared else value_failures(tensors)
+        # strict unless every expectation applied is a machine-dependent rounding difference
+        strict = (known is not None and known.strict) or any(d.strict for d in declared)
+        item.add_marker(pytest.mark.xfail(reason="; ".join(reasons), strict=strict, raises=raises))
 
 
 @pytest.fixture

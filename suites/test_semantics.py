@@ -33,6 +33,7 @@ What is crossed:
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ from suites import devices
 from suites.adapters import require
 from suites.adapters.base import Adapter
 from suites.cases import DTYPES, AttnCase
+from suites.checks import coverage
+from suites.checks.attention import xfail_deviations
 from te_ref.layouts import parse_layout
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # suites/plugin.py: tiny tensors, one thread
@@ -498,9 +501,24 @@ def _windows(mask_type: str):
     return list(CAUSAL_WINDOWS if MASK_TYPES[mask_type][1] else NONCAUSAL_WINDOWS)
 
 
+# How _render draws a probability that is no finite number (a NaN row must not read as kept).
+NONFINITE = {"N": "NaN", "I": "inf or -inf"}
+
+
+def _cell(x: float) -> str:
+    if math.isnan(x):
+        return "N"
+    if math.isinf(x):
+        return "I"
+    return "." if x == 0 else "1"
+
+
 def _render(p: torch.Tensor) -> str:
-    """The observed grid: '1' where the probability is nonzero, '.' where it is exactly 0."""
-    return " ".join("".join("." if float(x) == 0 else "1" for x in row) for row in p)
+    """The observed grid: '1' where the probability is a nonzero number, '.' where it is exactly
+    0, 'N' where it is NaN and 'I' where it is infinite (with a legend when any is)."""
+    grid = " ".join("".join(_cell(float(x)) for x in row) for row in p)
+    legend = ", ".join(f"{c} = {what}" for c, what in NONFINITE.items() if c in grid)
+    return grid + (f" ({legend})" if legend else "")
 
 
 def _compare(p, rows, sink: int, tol: float) -> bool:
@@ -595,7 +613,7 @@ def run_table(adapter: Adapter, variant_name: str, mask_type: str, dtype_name: s
     reason = adapter.unavailable_reason(device_name)
     if reason:
         pytest.skip(reason)
-    failures, deviations, skipped, ran = [], set(), set(), 0
+    failures, deviations, skipped, ran, not_judged = [], set(), set(), 0, {}
     for shape, (sq, skv) in SHAPES.items():
         for diag in (None, True, False):
             for window_arg in _windows(mask_type):
@@ -605,23 +623,32 @@ def run_table(adapter: Adapter, variant_name: str, mask_type: str, dtype_name: s
                     bottom_right_diagonal=diag, softmax_type=variant.softmax_type,
                     padding_from=variant.padding_from, return_max_logit=variant.max_logit,
                 )  # fmt: skip
-                reasons = adapter.not_supported_reasons(case)
+                # max_logit left out where the adapter returns none (suites/checks/coverage.py)
+                as_run = coverage.runnable(adapter, case)
+                reasons = adapter.not_supported_reasons(case) if as_run is None else []
                 if variant.fp8 and adapter.lacks_fp8():
                     reasons.append(adapter.lacks_fp8())
                 if reasons:
                     skipped.update(reasons)
                     continue
+                case, notes = as_run
+                not_judged.update(notes.get("not_judged", {}))
                 found, explained = _check_one(adapter, variant, case, shape, device)
                 failures += found
                 deviations |= explained
                 ran += 1
+    if not_judged:  # the variant's calls were made without asking for it
+        record.case(not_judged=not_judged)
     if not ran:
         pytest.skip("; ".join(sorted(skipped)))
     assert not failures, f"{len(failures)} grids differ from the table:\n" + "\n".join(
         failures[:24]
     )
     if deviations:
-        pytest.xfail(" | ".join(sorted(getattr(d, "reason", str(d)) for d in deviations)))
+        xfail_deviations(
+            adapter, deviations,
+            " | ".join(sorted(getattr(d, "reason", str(d)) for d in deviations)),
+        )  # fmt: skip
 
 
 @pytest.mark.per_adapter(row=ROWS, device_name=devices.device_params())
@@ -720,7 +747,10 @@ def _expect_error(adapter, case_kwargs, what: str, error, call_kwargs) -> None:
     """The call must have raised, unless the adapter's recorded deviations say it does not."""
     deviations = adapter.known_deviations(AttnCase(**case_kwargs), call_kwargs=call_kwargs)
     if deviations and error is None:
-        pytest.xfail(" | ".join(sorted(getattr(d, "reason", str(d)) for d in deviations)))
+        xfail_deviations(
+            adapter, deviations,
+            " | ".join(sorted(getattr(d, "reason", str(d)) for d in deviations)),
+        )  # fmt: skip
     assert not deviations, f"recorded deviation {deviations} predicted, but the call raised"
     assert error is not None, f"{what}: the call returned; the standard rejects it"
 

@@ -42,6 +42,8 @@ import te_ref
 from reports import record
 from suites import devices
 from suites.cases import DTYPES, AttnCase
+from suites.checks import coverage
+from suites.checks.attention import xfail_deviations
 from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_ratio
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # suites/plugin.py: tiny tensors, one thread
@@ -295,6 +297,12 @@ class TeRefCall:
         return out, max_logit
 
 
+def _as_run(adapter, case: AttnCase) -> tuple[AttnCase, dict]:
+    """(the case as the adapter runs it, what the report records): max_logit left out where the
+    adapter returns none (suites/checks/coverage.py); the case itself where it cannot run."""
+    return coverage.runnable(adapter, case) or (case, {})
+
+
 def _adapter_run(adapter, case: AttnCase, q, k, v, kwargs, scale):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -332,8 +340,10 @@ def _inputs(case: AttnCase, q_rows, k_rows, device):
 def judge_pin(adapter, case: AttnCase, q, k, v, kwargs, scale, probs64, max_logit64=None):
     """The adapter's probabilities (and max_logit) against the literal under SPEC §6, the bound
     from te_ref's same-precision composite; te_ref itself against the literal, float64 to
-    REF64_TOLERANCE and the same-precision composite to LP_TOLERANCE. Returns the failures."""
+    REF64_TOLERANCE and the same-precision composite to LP_TOLERANCE; the adapter's max_logit
+    only where it returns one (te_ref's always). Returns the failures."""
     failures = []
+    run, notes = _as_run(adapter, case)
     ref64 = TeRefCall("float64").run(case, q, k, v, kwargs, scale)
     ref_lp = TeRefCall("same_precision").run(case, q, k, v, kwargs, scale)
     for name, (out, ml) in (("te_ref float64", ref64), ("te_ref same precision", ref_lp)):
@@ -344,10 +354,10 @@ def judge_pin(adapter, case: AttnCase, q, k, v, kwargs, scale, probs64, max_logi
             failures.append(f"{name}: probabilities off the literal by {err:.3g} (relative)")
         if max_logit64 is not None and (ml.double() - max_logit64).abs().max().item() > tol:
             failures.append(f"{name}: max_logit {ml.tolist()}, literal {max_logit64.tolist()}")
-    out, max_logit = _adapter_run(adapter, case, q, k, v, kwargs, scale)
+    out, max_logit = _adapter_run(adapter, run, q, k, v, kwargs, scale)
     dtype = DTYPES[case.dtype]
     checks = [("out", _probabilities(out, case), probs64, _probabilities(ref_lp[0], case))]
-    if max_logit64 is not None:
+    if max_logit64 is not None and "max_logit" not in notes.get("not_judged", {}):
         if max_logit is None or max_logit.shape != (case.h,) or max_logit.dtype != torch.float32:
             got = None if max_logit is None else (tuple(max_logit.shape), max_logit.dtype)
             failures.append(f"max_logit must be fp32 [h] (SPEC §1), got {got}")
@@ -363,10 +373,13 @@ def judge_pin(adapter, case: AttnCase, q, k, v, kwargs, scale, probs64, max_logi
 
 def settle(adapter, case: AttnCase, failures: list[str], kwargs=None) -> None:
     """Fail listing the differences from the literals; where the adapter's recorded deviations
-    (SPEC §7) explain the case, a strict expected failure: it must differ."""
-    deviations = adapter.known_deviations(case, call_kwargs=kwargs)
+    (SPEC §7) explain the case as it ran, a strict expected failure: it must differ."""
+    deviations = adapter.known_deviations(_as_run(adapter, case)[0], call_kwargs=kwargs)
     if deviations and failures:
-        pytest.xfail(" | ".join(sorted(getattr(d, "reason", str(d)) for d in deviations)))
+        xfail_deviations(
+            adapter, deviations,
+            " | ".join(sorted(getattr(d, "reason", str(d)) for d in deviations)),
+        )  # fmt: skip
     assert not deviations, f"recorded deviations {deviations} predicted, but the values match"
     assert not failures, f"{len(failures)} differences from the literals:\n" + "\n".join(
         failures[:24]
@@ -376,11 +389,14 @@ def settle(adapter, case: AttnCase, failures: list[str], kwargs=None) -> None:
 def _start(adapter, case: AttnCase, table: str) -> torch.device:
     record.case(impl=adapter.name, **case.fields(), table=table)
     device = devices.require(case.device, needs_te_fast=False)
-    reason = adapter.unavailable_reason(case.device) or "; ".join(
-        adapter.not_supported_reasons(case)
+    found = coverage.runnable(adapter, case)  # None: nothing of the case runs on the adapter
+    reason = adapter.unavailable_reason(case.device) or (
+        "; ".join(adapter.not_supported_reasons(case)) if found is None else None
     )
     if reason:
         pytest.skip(reason)
+    if found[1]:
+        record.case(**found[1])  # not_judged: max_logit, where the adapter returns none
     return device
 
 

@@ -9,14 +9,16 @@ import ast
 import builtins
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from reports import matrix as mx
 from reports.__main__ import main
 from reports.model import build_report, write_report
-from reports.plugin import judged_impls
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -468,25 +470,45 @@ def test_no_report_is_a_usage_error(capsys):
 
 
 class _Config:
-    def __init__(self, impl, has_option=True):
-        self.impl, self.has_option = impl, has_option
+    def __init__(self, impl):
+        self.impl = impl
 
     def getoption(self, name):
-        if not self.has_option:
-            raise ValueError(f"no option named {name!r}")
         return self.impl
 
 
+def judged(impl) -> list[str]:
+    """The names the suites' plugin hands the report (reports.plugin's pytest_te_report_impls)."""
+    from suites.plugin import pytest_te_report_impls
+
+    return [i["name"] for i in pytest_te_report_impls(_Config(impl))]
+
+
 def test_the_report_names_the_adapters_it_judged():
-    assert judged_impls(_Config(["torch.sdpa"])) == ["torch.sdpa"]
+    assert judged(["torch.sdpa"]) == ["torch.sdpa"]
     spec = "suites.adapters.flex_attention:FlexAttention"  # a spec: the adapter's own name
-    assert judged_impls(_Config([spec])) == ["flex_attention"]
+    assert judged([spec]) == ["flex_attention"]
     from suites.adapters import ADAPTERS
+    from suites.plugin import pytest_te_report_impls
 
     default = [name for name, adapter in ADAPTERS.items() if adapter.default]
-    assert judged_impls(_Config(None)) == default  # the suites' default selection
-    assert judged_impls(_Config(["no_such_adapter"])) == ["no_such_adapter"]  # as given
-    assert judged_impls(_Config(None, has_option=False)) is None  # not a run of the suites
+    assert judged(None) == default  # the suites' default selection
+    versions = {i["name"]: i["version"] for i in pytest_te_report_impls(_Config(["torch.sdpa"]))}
+    assert versions == {"torch.sdpa": f"torch {torch.__version__}"}
+
+
+def test_a_report_of_the_suites_names_what_it_judged(tmp_path):
+    """Through pytest: environment.impls and impl_versions come from the suites' hook."""
+    out = tmp_path / "r.json"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+         "--te-report", str(out), "--impl", "torch.sdpa", "-k", "invalid_arguments and mask",
+         str(ROOT / "suites" / "test_attention.py")],
+        cwd=ROOT, check=False, capture_output=True, timeout=300,
+    )  # fmt: skip
+    env = json.loads(out.read_text())["environment"]
+    assert env["impls"] == ["torch.sdpa"]
+    assert env["impl_versions"] == {"torch.sdpa": f"torch {torch.__version__}"}
 
 
 # ------------------------------------------------------------------ the committed picture

@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from suites.adapters.base import Adapter
+from suites.adapters.base import Adapter, distribution_version
 
 CAUSAL_TYPES = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
 TOP_LEFT_TYPES = ("causal", "padding_causal")
@@ -68,6 +68,9 @@ def default_alibi_slopes(h: int) -> list[float]:
 
 class FlexAttention(Adapter):
     """torch.nn.attention.flex_attention with mask_mod / score_mod translations of TE's API."""
+
+    def version(self):
+        return distribution_version("torch")
 
     name = "flex_attention"
     # dropout: flex_attention has none. validates_arguments: the adapter translates valid cases

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from suites.adapters.base import Adapter
+from suites.adapters.base import Adapter, distribution_version
 from suites.cases import AttnCase
 
 
 class TorchSdpa(Adapter):
     """torch.nn.functional.scaled_dot_product_attention, as an example of a plugged-in impl."""
+
+    def version(self):
+        return distribution_version("torch")
 
     name = "torch.sdpa"
     layouts = ("bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bs3hd", "bsh3d", "sb3hd", "sbh3d")

@@ -16,7 +16,7 @@ import torch
 
 from suites import te_deviations
 from suites.adapters import te_cpu
-from suites.adapters.base import Adapter
+from suites.adapters.base import Adapter, distribution_version
 from suites.cases import AttnCase
 from te_ref.layouts import LAYOUTS, parse_layout
 
@@ -231,6 +231,9 @@ class TransformerEngine(Adapter):
     diagnosis, the cases it explains), and known_deviations() names the ones a case meets; the
     suites run such cases as strict expected failures.
     """
+
+    def version(self):
+        return distribution_version("transformer_engine")
 
     name = "transformer_engine"
     devices = ("cpu", "cuda")

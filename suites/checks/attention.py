@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import pytest
@@ -12,7 +13,7 @@ from reports import record
 from suites import devices
 from suites.adapters import Adapter
 from suites.cases import DTYPES, AttnCase, AttnInputs, make_inputs
-from suites.checks import contracts
+from suites.checks import contracts, coverage
 from suites.checks.numerics import (
     K_BACKWARD,
     K_FORWARD,
@@ -41,16 +42,52 @@ def prepare(
     return device, make_inputs(case, device, rng)
 
 
+def prepare_run(
+    adapter: Adapter, case: AttnCase, impl_name: str | None = None, substitute: bool = False
+) -> tuple[AttnCase, torch.device, AttnInputs]:
+    """prepare() for the case as the adapter runs it (suites/checks/coverage.py): without an
+    output it does not return (recorded as ``not_judged``), and with ``substitute`` (test_broad)
+    each feature it declines replaced by the nearest it takes (recorded as ``substituted``, with
+    the fields of the case that ran); skips, with the asked case's reasons, only what no variant
+    can run. The inputs are seeded by the asked case's id. Returns (the case run, device,
+    inputs); a case the adapter takes as asked is returned unchanged."""
+    record.case(impl=impl_name or adapter.name, **case.fields())
+    found = coverage.runnable(adapter, case, substitute)
+    if found is None:
+        pytest.skip("; ".join(adapter.not_supported_reasons(case)))
+    run, notes = found
+    if notes:
+        record.case(**run.fields(), **notes)
+    device = devices.require(case.device, needs_te_fast=False)
+    reason = adapter.unavailable_reason(case.device)
+    if reason:
+        pytest.skip(reason)
+    rng = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
+    return run, device, make_inputs(run, device, rng)
+
+
 def _leaves_like(inputs: AttnInputs, dtype_of) -> dict[str, torch.Tensor]:
     return {n: t.detach().to(dtype_of(n, t)).requires_grad_() for n, t in inputs.leaves.items()}
 
 
 def reference(case: AttnCase, inputs: AttnInputs, compute_dtype: torch.dtype, scale: float):
-    """(out, max_logit, grads by leaf name) of te_ref in compute_dtype from the same inputs."""
+    """(out, max_logit, grads by leaf name) of te_ref in compute_dtype from the same inputs, on
+    the inputs' device. The float64 one is computed on devices.reference_device (CUDA where
+    there is one, for CPU cases too) and comes back; the same-precision one runs where the case
+    does, as its rounding is the bound's (SPEC §6)."""
 
     def dtype_of(name, t):
         return t.dtype if name == "offset" and compute_dtype != torch.float64 else compute_dtype
 
+    home = inputs.grad_out.device
+    on = devices.reference_device(home) if compute_dtype == torch.float64 else home
+    if on != home:
+        inputs = dataclasses.replace(
+            inputs,
+            leaves={n: t.detach().to(on) for n, t in inputs.leaves.items()},
+            kwargs=devices.to_device(inputs.kwargs, on),
+            grad_out=inputs.grad_out.to(on),
+        )
     leaves = _leaves_like(inputs, dtype_of)
     q, k, v, extra = inputs.views(leaves, case)
     out, max_logit = te_ref.dot_product_attention(
@@ -60,7 +97,10 @@ def reference(case: AttnCase, inputs: AttnInputs, compute_dtype: torch.dtype, sc
     )  # fmt: skip
     names = list(leaves)
     grads = torch.autograd.grad(out, [leaves[n] for n in names], inputs.grad_out.to(compute_dtype))
-    return out.detach(), max_logit.detach(), dict(zip(names, grads))
+    return (
+        out.detach().to(home), max_logit.detach().to(home),
+        {n: g.to(home) for n, g in zip(names, grads)},
+    )  # fmt: skip
 
 
 def run_impl(adapter: Adapter, module, case: AttnCase, inputs: AttnInputs, watch=None):
@@ -171,15 +211,29 @@ def judge_against_reference(case: AttnCase, inputs: AttnInputs, impl) -> None:
     judge(case, inputs, impl, ref64, ref_lp)
 
 
-def check_case(adapter: Adapter, case: AttnCase) -> None:
-    """The whole judgement of one eager case: implementation vs te_ref float64/same-precision."""
-    _, inputs = prepare(adapter, case)
+def check_case(adapter: Adapter, case: AttnCase, substitute: bool = False) -> None:
+    """The whole judgement of one eager case: implementation vs te_ref float64/same-precision,
+    of the case as the adapter runs it (prepare_run: max_logit left out where the adapter
+    returns none; with ``substitute``, declined features replaced by the nearest taken)."""
+    case, _, inputs = prepare_run(adapter, case, substitute=substitute)
     module = adapter.build(case, None if case.default_scale else case.d**-0.5)
     impl = run_impl(adapter, module, case, inputs, watch=True)
     judge_with_deviations(adapter, case, inputs, impl)
 
 
 # ----------------------------------------------------------------------------- deviations
+
+
+def xfail_deviations(adapter: Adapter, deviations, text: str | None = None):
+    """End the test as an expected failure explained by ``deviations`` (the adapter's
+    known_deviations, e.g. TE's), each recorded for the report (reports.record.expected,
+    source "deviation") with its id and reason; ``text`` is the xfail reason (default: the
+    deviations joined)."""
+    for d in deviations:
+        record.expected(source="deviation", adapter=getattr(adapter, "name", None),
+                        id=getattr(d, "id", None),
+                        reason=getattr(d, "reason", None) or str(d))  # fmt: skip
+    pytest.xfail(text if text is not None else "; ".join(str(d) for d in deviations))
 
 
 def known_deviations(adapter: Adapter, case: AttnCase, inputs: AttnInputs) -> tuple:
@@ -218,7 +272,7 @@ def judge_with_deviations(adapter: Adapter, case: AttnCase, inputs: AttnInputs, 
         if deviations:
             other = unexplained_failures(e, deviations)
             if not other:
-                pytest.xfail("; ".join(str(d) for d in deviations))
+                xfail_deviations(adapter, deviations)
             e.add_note(
                 "not explained by the recorded deviations ("
                 + "; ".join(str(d) for d in deviations)

@@ -84,6 +84,50 @@ def ratio_errors(tensors: tuple[str, ...]) -> type[AssertionError]:
     return JudgementError.of(frozenset(("ratio", t) for t in tensors))
 
 
+# The checks that compare a tensor's values with the reference (judge()): SPEC §6's error ratio
+# and the exact zeros of SPEC §2.4-2.5. What an adapter's declared difference may fail
+# (suites/adapters/base.py Difference); dtype, shape, NaN and unjudgeable failures never count.
+VALUE_CHECKS = ("ratio", "zero_rows")
+
+
+class _ValueFailuresType(type):
+    """isinstance(error, value_failures(tensors)): the error is a CheckError of a VALUE_CHECKS
+    kind on one of ``tensors``, or a JudgementError all of whose failures are (at least one);
+    anything else (another tensor, another check, a plain assertion, an exception of the run)
+    is not."""
+
+    tensors: frozenset = frozenset()
+
+    def __instancecheck__(cls, error) -> bool:
+        if not isinstance(error, AssertionError):
+            return False
+        failures = failures_of(error)
+        return bool(failures) and all(
+            isinstance(f, CheckError) and f.kind in VALUE_CHECKS and f.tensor in cls.tensors
+            for f in failures
+        )
+
+    def __repr__(cls) -> str:
+        return f"<value failures of {', '.join(sorted(cls.tensors))}>"
+
+
+_value_failure_classes: dict[frozenset, type] = {}
+
+
+def value_failures(tensors) -> type[AssertionError]:
+    """The class an expected failure of ``tensors``' values raises (pytest.mark.xfail(raises=)
+    tests with isinstance): any non-empty set of VALUE_CHECKS failures of these tensors, and
+    nothing else. Looser than ratio_errors (which wants exactly the named tensors' ratio
+    failures): a declared difference covers many cases, each failing on some of its tensors."""
+    key = frozenset(tensors)
+    cls = _value_failure_classes.get(key)
+    if cls is None:
+        cls = _ValueFailuresType("ValueFailures", (AssertionError,), {"tensors": key})
+        cls.__module__ = __name__
+        _value_failure_classes[key] = cls
+    return cls
+
+
 def raise_failures(failures: list[AssertionError]) -> None:
     """Nothing for no failure; the failure itself for one; a JudgementError for several."""
     if len(failures) == 1:

@@ -349,8 +349,8 @@ _PY = [
     # ------------------------------------------- the gates themselves (issue 35's "Why" 4 and 5)
     Defect(
         "known_failures_loose", "cpu", "suites/plugin.py",
-        "pytest.mark.xfail(reason=known.marker_reason(), strict=True, raises=known.raises)",
-        "pytest.mark.xfail(reason=known.marker_reason())",
+        'pytest.mark.xfail(reason="; ".join(reasons), strict=strict, raises=raises)',
+        'pytest.mark.xfail(reason="; ".join(reasons))',
         "known failures as whole-test, non-strict xfails: any other failure of the case, or a "
         "fix, passes unnoticed",
         ("tests/test_known_failures.py",),

@@ -33,6 +33,8 @@ class MyAttentionAdapter(Adapter):
             "my_attention takes no sequence lengths",
         ),
         "bottom_right_diagonal": "the alignment follows the mask type only",
+        "window": "my_attention has no sliding window",
+        "max_logit": "my_attention returns the output only",
     }
     default = False
 
