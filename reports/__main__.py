@@ -79,7 +79,7 @@ examples:
   python -m reports rename reports/baseline/cpu.json test_x::test_old test_x::test_new
                                                  carry a renamed test's baseline cases over
   python -m reports render reports/latest/report.json
-  python -m reports screenshot reports/baseline/h200.json -o docs/report_h200.png
+  python -m reports screenshot reports/latest/report.json -o docs/report_h100.png
   python -m reports matrix runs/*/report.json --out reports/matrix
                                                  the conformance matrix of several adapters' runs
 

@@ -217,6 +217,9 @@ def fingerprint_text(fp: dict | None) -> str:
     parts += [f"{k}={v}" for k, v in (fp.get("isa_variables") or {}).items()]
     parts += list(fp.get("gpus") or [])
     cuda = f" CUDA {fp['torch_cuda']}" if fp.get("torch_cuda") else ""
+    threads = fp.get("torch_threads")
+    if threads is not None:
+        parts.append(f"{threads} torch thread(s) a test process")
     return ", ".join([*parts, f"torch {fp.get('torch')}{cuda}"])
 
 

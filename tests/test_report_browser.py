@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from test_reports_e2e import child_env, make_suite, run_pytest
 
+from reports import baseline as B
 from reports.__main__ import main
 from reports.browser import (
     INSTALL_HINT,
@@ -24,7 +25,7 @@ from reports.browser import (
     tag_png,
 )
 from reports.model import load_report
-from reports.render import render, summary_line
+from reports.render import outcome_counts, render, summary_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,7 +163,7 @@ def test_static_check_sees_what_loads_and_not_what_is_text():
 
 
 def test_screenshot_command_checks_the_page_and_writes_the_png(browser, report_json, tmp_path):
-    """`python -m reports screenshot` (how docs/report_h200.png is made): the first viewport."""
+    """`python -m reports screenshot` (how docs/report_h100.png is made): the first viewport."""
     out = tmp_path / "docs" / "shot.png"
     assert main(["screenshot", str(report_json), "-o", str(out), "--height", "900"]) == 0
     assert png_size(out.read_bytes()) == (1280, 900)
@@ -190,15 +191,17 @@ def test_png_tag_round_trip():
     assert png_tag(tagged.replace(b"te-conformance-report", b"something-else-here!!")) is None
 
 
-def test_readme_screenshot_shows_the_current_h200_report():
-    """docs/report_h200.png is made by the screenshot command from reports/baseline/h200.json and
-    records which report it shows: a new baseline (or headline) needs a new picture."""
-    regenerate = "python -m reports screenshot reports/baseline/h200.json -o docs/report_h200.png"
-    tag = png_tag((ROOT / "docs" / "report_h200.png").read_bytes())
-    assert tag is not None, f"docs/report_h200.png does not say what it shows; run: {regenerate}"
-    assert tag["report"] == "reports/baseline/h200.json"
-    current = summary_line(load_report(ROOT / tag["report"]))
-    assert tag["summary"] == current, f"docs/report_h200.png is out of date; run: {regenerate}"
+def test_readme_screenshot_shows_the_current_gpu_baseline():
+    """docs/report_h100.png is the screenshot command's picture of the GPU run that made
+    reports/baseline/h100.json (that run's report.json is not committed: the baseline keeps what
+    it judged, compactly), and records which run it shows: a new baseline needs a new picture."""
+    regenerate = "python -m reports screenshot <that run's report.json> -o docs/report_h100.png"
+    tag = png_tag((ROOT / "docs" / "report_h100.png").read_bytes())
+    assert tag is not None, f"docs/report_h100.png does not say what it shows; run: {regenerate}"
+    made = B.load(ROOT / "reports" / "baseline" / "h100.json").made_from
+    assert tag["date_utc"] == made["date_utc"], f"docs/report_h100.png is out of date: {regenerate}"
+    counts = outcome_counts(made["summary"])
+    assert f": {counts} of {made['summary']['total']} cases" in tag["summary"], tag["summary"]
 
 
 @pytest.mark.parametrize(
