@@ -45,3 +45,31 @@ def test_both_renderers_show_the_same_entries():
     last = f"t.py::test_{TRACEBACKS_N + 4:03d}"
     assert f"### `{last}` (failed)" in md and f"<h3>{last} (failed)</h3>" in page
     assert "E   assert 1 &lt; 0" in page and "E   assert 1 < 0" in md
+
+
+def test_a_reproducer_runs_from_where_the_run_started(tmp_path):
+    """An installed package's suites gated from elsewhere (`python -m reports run --impl X` from
+    a temporary directory: rootdir is the folder holding suites/, not the directory the run
+    started in) get a --pyargs reproducer, and it runs from there; in the checkout, the node
+    id as it is."""
+    import shlex
+    import subprocess
+    import sys
+
+    from reports.render import reproducer
+
+    nodeid = "suites/test_attention.py::test_invalid_arguments[unknown_layout-cpu]"
+    case = {**_case(0, "failed"), "nodeid": nodeid}
+    elsewhere = {"started_in": str(tmp_path), "rootdir": "/site-packages"}
+    line = reproducer(case, ["--impl", "te_fast"], elsewhere)
+    pyargs = "'suites.test_attention::test_invalid_arguments[unknown_layout-cpu]'"
+    assert line == f"python -m pytest -p no:xdist --impl te_fast --pyargs {pyargs}"
+    cmd = [sys.executable, *shlex.split(line)[1:], "-p", "no:cacheprovider", "-q"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # started in the rootdir: the node id
+    here = {"started_in": "/repo", "rootdir": "/repo"}
+    assert reproducer(case, [], here).endswith(f"-p no:xdist '{nodeid}'")
+    # a path that is no module path: the absolute file
+    odd = {**case, "nodeid": "../x/test_y.py::test_z"}
+    assert reproducer(odd, [], elsewhere).endswith("/x/test_y.py::test_z")
