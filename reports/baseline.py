@@ -22,6 +22,7 @@ from reports.model import (
     ReportError,
     case_key,
     ratio_of,
+    read_json,
     validate,
     worst_tensor,
 )
@@ -218,28 +219,15 @@ def parse(data, source: str) -> Baseline:
     return b
 
 
-def _read_json(path: Path):
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ReportError(f"{path}: no such file") from None
-    except OSError as e:
-        raise ReportError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ReportError(f"{path}: not valid JSON ({e})") from None
-
-
 def load(path: str | Path) -> Baseline:
     """Read a baseline file or a report as a baseline (ReportError with a one-line reason)."""
-    return parse(_read_json(Path(path)), str(path))
+    return parse(read_json(Path(path)), str(path))
 
 
 def add_rename(path: str | Path, old: str, new: str) -> int:
     """Record in the baseline file at ``path`` that the case (or the whole test function)
     ``old`` is now ``new``; returns how many of its cases move (none is a ReportError)."""
-    raw = _read_json(Path(path))
+    raw = read_json(Path(path))
     if not (isinstance(raw, dict) and raw.get("schema") == SCHEMA):
         raise ReportError(f"{path}: not a baseline file (renames live in baselines)")
     b = _decode({**raw, "renames": {}}, str(path))  # the keys as stored

@@ -128,8 +128,8 @@ def validate(data: Any, source: str) -> dict:
     return data
 
 
-def load_report(path: str | Path) -> dict:
-    """Read and validate a report JSON file (ReportError with a one-line reason otherwise)."""
+def read_json(path: str | Path):
+    """A JSON file's contents (ReportError with a one-line reason when it cannot be read)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -138,10 +138,14 @@ def load_report(path: str | Path) -> dict:
     except OSError as e:
         raise ReportError(f"{path}: cannot read ({e.strerror or e})") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise ReportError(f"{path}: not valid JSON ({e})") from None
-    return validate(data, str(path))
+
+
+def load_report(path: str | Path) -> dict:
+    """Read and validate a report JSON file (ReportError with a one-line reason otherwise)."""
+    return validate(read_json(path), str(path))
 
 
 def write_report(report: dict, path: str | Path) -> None:

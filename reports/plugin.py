@@ -313,8 +313,8 @@ class ReportWriter:
         self.environment["rootdir"] = str(self.config.rootpath)
         try:
             impls = self.config.hook.pytest_te_report_impls(config=self.config)
-        except pytest.UsageError:  # an --impl that does not resolve: collection reports it
-            impls = None
+        except Exception:  # an --impl that does not resolve: collection reports it, and the
+            impls = None  # report is written all the same
         if impls is not None:
             # environment.impls: the names (python -m reports matrix puts the run in those
             # columns); impl_versions: what was judged, name -> version
