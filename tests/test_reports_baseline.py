@@ -225,3 +225,21 @@ def test_a_subset_run_with_a_case_removed_fails_naming_it(tmp_path):
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 1, proc.stdout
     assert "missing cases" in proc.stdout and gone in proc.stdout
+
+
+def test_update_baseline_refuses_a_run_that_compares_fewer_tensors(tmp_path, capsys):
+    """A tensor no longer compared is lost coverage: --update-baseline refuses it without
+    --accept-loss, as it refuses passed -> skipped and missing cases."""
+    base, new = tmp_path / "base.json", tmp_path / "new.json"
+    B.write(B.from_report(report(case("suites/test_x.py::test_a",
+                                      tensors=("out", "dq", "dk", "dv")))), base)  # fmt: skip
+    write_report(report(case("suites/test_x.py::test_a", tensors=("out",))), new)
+    before = base.read_text()
+    assert main(["compare", str(new), str(base), "--update-baseline"]) == 1
+    assert "lost coverage of 1 baseline case(s)" in capsys.readouterr().out
+    assert base.read_text() == before
+    assert main(["compare", str(new), str(base), "--update-baseline",
+                 "--accept-loss", "dk, dv judged elsewhere now"]) == 0  # fmt: skip
+    assert B.load(base).accepted_loss["cases"] == [
+        "suites/test_x.py::test_a: no longer compared: dk, dq, dv"
+    ]
