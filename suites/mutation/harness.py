@@ -243,9 +243,15 @@ class Workspace:
         start = time.monotonic()
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
+        # A cache of inductor's own per run: its FX graph and AOT autograd caches key a compiled
+        # graph by the graph, not by the Python behind a custom op's registered backward, so a
+        # graph compiled under one defect was loaded by the next run on the clean tree (a
+        # killing test then "failed without the defect", dq 4x off: the unscaled backward).
+        cache = tempfile.mkdtemp(prefix="te-mutation-inductor-")
+        env = {**_child_env(self.path, self.project.root), "TORCHINDUCTOR_CACHE_DIR": cache}
         try:
             proc = subprocess.run(
-                cmd, cwd=self.path, env=_child_env(self.path, self.project.root),
+                cmd, cwd=self.path, env=env,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
             )  # fmt: skip
             rc, output = proc.returncode, proc.stdout
@@ -255,6 +261,8 @@ class Workspace:
                 e.stdout, bytes
             ) else (e.stdout or "")  # fmt: skip
             output += f"\n[harness] timed out after {timeout:.0f} s\n"
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
         log.write(output)
         log.flush()
         return PytestRun(rc, output, time.monotonic() - start)
