@@ -1,4 +1,4 @@
-"""python -m benchmarks: te_fast's ops and module against the copy ceiling and their peers."""
+"""python -m benchmarks: te_fast's ops and module against their rooflines and their peers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import cases, peers, report
-from benchmarks.cases import DTYPES, SECTIONS, SK_ALL, SOFTMAX_PEERS, Plan
+from benchmarks.cases import DTYPES, SECTIONS, SK_ALL, SOFTMAX_PEERS, SQUARE_SK, Plan
 from benchmarks.runner import Fatal, Runner
 
 L2_BYTES = 60 << 20  # at least the L2 of an H100/H200 (50 MB)
@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=",".join(SECTIONS), help=f"sections, from {SECTIONS}")
     p.add_argument("--dtypes", default="bf16,fp16,fp32", help="of bf16,fp16,fp32 (in this order)")
     p.add_argument("--sk", default=",".join(map(str, SK_ALL)), help="softmax row lengths")
+    p.add_argument(
+        "--square-sk",
+        default=",".join(map(str, SQUARE_SK)),
+        help="sizes s of the square [b, 16, s, s] causal cases (te_fast and TE on the same "
+        'tensors); "" for none',
+    )
     p.add_argument(
         "--reps",
         type=int,
@@ -101,6 +107,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         sections=cases.parse_list(args.only, SECTIONS, "--only"),
         dtypes=cases.parse_list(args.dtypes, DTYPES, "--dtypes"),
         sks=tuple(int(x) for x in args.sk.split(",") if x.strip()),
+        square_sks=tuple(int(x) for x in args.square_sk.split(",") if x.strip()),
         numel16=cases.parse_count(args.numel),
         reps=args.reps,
         peers=cases.parse_list(args.peers, SOFTMAX_PEERS, "--peers") if args.peers else (),
@@ -110,8 +117,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         compile_budget_s=args.compile_budget_s,
         misaligned=args.misaligned,
     )
-    if not plan.sks or any(sk < 1 for sk in plan.sks) or plan.reps < 1:
-        raise ValueError("--sk needs positive row lengths and --reps a positive count")
+    if not plan.sks or any(sk < 1 for sk in plan.sks + plan.square_sks) or plan.reps < 1:
+        raise ValueError("--sk and --square-sk need positive sizes and --reps a positive count")
     return cases.smoke_plan(plan) if args.smoke else plan
 
 
@@ -151,7 +158,8 @@ def planned(plan: Plan) -> str:
     counts = ", ".join(f"{k} {v}" for k, v in est["compiles"].items())
     return (
         f"plan: {','.join(plan.sections)}; dtypes {','.join(plan.dtypes)}; "
-        f"{len(plan.sks)} row lengths; reps {plan.reps}; compiles planned: {counts} "
+        f"{len(plan.sks)} row lengths, {len(plan.square_sks)} square sizes; reps {plan.reps}; "
+        f"compiles planned: {counts} "
         f"(inductor softmax: {plan.inductor}, {','.join(plan.inductor_dtypes)}); rough H200 "
         f"estimate {est['seconds']:.0f} s {est['by_section']}; deadline {plan.deadline_s:.0f} s"
     )
@@ -179,7 +187,8 @@ def result_of(r: Runner, env: dict, argv: list[str], sections_s: dict, state: st
         "env": env,
         "command": "python -m benchmarks " + shlex.join(argv),
         "plan": asdict(r.plan),
-        "ceiling_gbps": r.ceiling_gbps,
+        "ceiling_gbps": r.ceiling_gbps,  # the copy ceiling
+        "ceilings_gbps": r.ceilings,  # copy, add (2 reads : 1 write), fill (0 : 1)
         "total_wall_s": round(r.elapsed(), 1),
         "estimate": cases.estimate(r.plan),
         "sections_s": sections_s,

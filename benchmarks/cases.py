@@ -9,6 +9,8 @@ from suites.cases import DTYPES  # noqa: F401  (the one name -> dtype table)
 
 SECTIONS = ("softmax", "convert", "module", "small", "stack")
 SK_ALL = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+# Square [b, h, s, s] cases of the causal ops (ops_bench.run_square), where TE runs beside te_fast
+SQUARE_SK = (128, 256, 512, 1024, 2048, 4096)
 SOFTMAX_PEERS = ("torch", "inductor", "triton", "te")  # te: benchmarks/te_peer.py
 SCALE = 0.125  # softmax scale of the op benchmarks (any value > 0 moves the same bytes)
 
@@ -36,6 +38,7 @@ SOFTMAX_OPS = (
     SoftmaxOp("scaled_upper_triang_masked_softmax", "upper_triang", 3),
     SoftmaxOp("scaled_aligned_causal_masked_softmax", "aligned_causal", 4),
 )
+CAUSAL_OPS = tuple(op for op in SOFTMAX_OPS if op.masking in ("upper_triang", "aligned_causal"))
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Plan:
     sections: tuple[str, ...] = SECTIONS
     dtypes: tuple[str, ...] = ("bf16", "fp16", "fp32")
     sks: tuple[int, ...] = SK_ALL
+    square_sks: tuple[int, ...] = SQUARE_SK
     numel16: int = 256 << 20  # elements per softmax case for 16-bit dtypes (fp32: half)
     reps: int = 30
     peers: tuple[str, ...] = SOFTMAX_PEERS
@@ -93,6 +97,12 @@ class Plan:
         b, h = self.softmax_bh
         return b, h, max(1, self.numel(dtype) // (b * h * sk)), sk
 
+    def square_shape(self, dtype: str, s: int) -> tuple[int, int, int, int]:
+        """[b, h, s, s] of about numel(dtype) elements (at least one batch), h of softmax_bh:
+        the same bytes a case as the [b, h, sq, sk] cases, so no case fits in the L2."""
+        h = self.softmax_bh[1]
+        return max(1, self.numel(dtype) // (h * s * s)), h, s, s
+
     def module_dtypes(self) -> tuple[str, ...]:
         """The training-shape module runs in bf16 and fp16 (those of --dtypes)."""
         return tuple(d for d in self.dtypes if d in ("bf16", "fp16"))
@@ -108,6 +118,7 @@ def smoke_plan(base: Plan) -> Plan:
         sections=base.sections,
         dtypes=("fp32", "bf16"),
         sks=(64, 128),
+        square_sks=(16, 32),
         numel16=1 << 13,
         reps=2,
         peers=tuple(p for p in base.peers if p != "triton" or _triton_interpreter()),
@@ -130,8 +141,9 @@ def smoke_plan(base: Plan) -> Plan:
 # Guessed costs on an H200 host (seconds), for the estimate printed before a run; the run prints
 # the real figures (sections_s, compiles) to correct them.
 COST_S = {
-    "startup": 10.0,  # imports, CUDA context, the copy ceiling
+    "startup": 10.0,  # imports, CUDA context, the ceilings
     "softmax_case": 0.25,  # one (dtype, sk): ~13 timed rows of ~0.35 ms x 36 calls, checks
+    "square_case": 0.15,  # one (dtype, s): te_fast's and TE's causal rows, ~8 timed
     "inductor_first": 10.0,  # inductor's compile workers start with the first compile
     "inductor_softmax": 1.5,  # one static softmax composite: trace, codegen, Triton, autotune
     "triton": 0.7,  # one JIT compile of the peer (per dtype and BLOCK)
@@ -159,8 +171,9 @@ def estimate(plan: Plan) -> dict:
         n_tri = n_cases if "triton" in plan.peers else 0
         compiles.update(inductor_softmax=n_ind, triton=n_tri)
         ind_s = min(n_ind * c["inductor_softmax"], plan.compile_budget_s)
+        n_square = 0 if plan.misaligned else len(plan.dtypes) * len(plan.square_sks)
         by["softmax"] = (
-            n_cases * c["softmax_case"] * plan.reps / 30
+            (n_cases * c["softmax_case"] + n_square * c["square_case"]) * plan.reps / 30
             + (c["inductor_first"] + ind_s if n_ind else 0)
             + n_tri * c["triton"]
         )

@@ -1,5 +1,6 @@
 """Module sections: UnfusedDotProductAttention at the training and a small shape, in a stack;
-the unfused roofline (GEMMs alone + the other bytes at the copy ceiling) at the training shape."""
+the unfused rooflines (GEMMs alone + the other must-move bytes at the run's ceilings, with all
+GEMM tiles or only those a causal mask keeps) at the training shape."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ import torch
 
 from benchmarks import checks, peers
 from benchmarks.cases import DTYPES, AttnShape
+from benchmarks.roofline import (
+    CEILING_MIX,
+    DIRECTIONS,
+    Traffic,
+    kept_tile_fraction,
+    ms_at,
+    roofline_ms,
+    softmax_traffic,
+)
 from benchmarks.runner import Runner, base_row, is_fatal
 from benchmarks.timing import paired_wall, sync, time_calls, wall_per_iteration
 
@@ -257,18 +267,35 @@ PROFILE_TERMS = (
 )
 
 
-def roofline_bytes(shape: AttnShape, elem: int, tokens: int | None) -> dict[str, int]:
+# The softmax each config's roofline counts (roofline.MASKINGS): causal, te_fast's top-left op
+# on square scores; padding and thd full rows and no mask bytes (their kept keys depend on each
+# sequence's length, which an unfused kernel may take instead of a mask).
+ROOFLINE_MASKING = {"causal": "upper_triang", "padding": "none", "thd": "none"}
+
+
+def softmax_traffic_of(shape: AttnShape, elem: int, masking: str) -> tuple[Traffic, ...]:
+    """The softmax forward's and backward's must-move bytes on the [b*h, s, s] scores."""
+    scores = (shape.b * shape.h, shape.s, shape.s)
+    return tuple(softmax_traffic(masking, d, scores, elem) for d in DIRECTIONS)
+
+
+def roofline_bytes(shape: AttnShape, elem: int, tokens: int | None, masking: str) -> dict[str, int]:
     """Bytes an unfused attention's forward + backward must move outside its GEMMs, with
     n = b*h*s*s scores and a token row of R = h*d*elem bytes:
-    - softmax forward reads the scores and writes P: 2*n*elem; backward reads dP and P and
-      writes dS: 3*n*elem (full rows whatever the mask, as the softmax section counts them);
+    - softmax (softmax_traffic_of, the config's masking): forward reads the kept scores and
+      writes all of P, backward reads the kept dP and P and writes all of dS;
+      softmax_full_row_bytes is the count before, 2*n*elem + 3*n*elem;
     - tokens (THD, t tokens padded to b*s rows; None for bshd: no conversion): thd->bshd reads t
       rows and writes b*s, bshd->thd reads t and writes t (the convert section's counts).
       Forward: q, k, v to bshd, out back to thd: 3*(t + b*s)*R + 2*t*R; backward: dout to bshd,
       dq, dk, dv back: (t + b*s)*R + 3*2*t*R."""
     b, h, s, d = shape.b, shape.h, shape.s, shape.d
-    n = b * h * s * s
-    out = {"softmax_fwd_bytes": 2 * n * elem, "softmax_bwd_bytes": 3 * n * elem}
+    fwd, bwd = softmax_traffic_of(shape, elem, masking)
+    out = {
+        "softmax_fwd_bytes": fwd.must_move_bytes,
+        "softmax_bwd_bytes": bwd.must_move_bytes,
+        "softmax_full_row_bytes": fwd.full_row_bytes + bwd.full_row_bytes,
+    }
     if tokens is None:
         out.update(convert_fwd_bytes=0, convert_bwd_bytes=0)
     else:
@@ -278,20 +305,31 @@ def roofline_bytes(shape: AttnShape, elem: int, tokens: int | None) -> dict[str,
     return out
 
 
-def roofline(gemm_ms: float, nbytes: dict[str, int], ceiling_gbps: float) -> dict[str, float]:
-    """The unfused lower bound: the GEMMs' own time plus the other bytes at the copy ceiling
-    (bytes read + written per second of the run's device-to-device copy)."""
-
-    def at_ceiling(n: int) -> float:
-        return n / (ceiling_gbps * 1e9) * 1e3  # ms
-
-    softmax = at_ceiling(nbytes["softmax_fwd_bytes"] + nbytes["softmax_bwd_bytes"])
-    convert = at_ceiling(nbytes["convert_fwd_bytes"] + nbytes["convert_bwd_bytes"])
+def roofline(
+    gemm_ms: float,
+    softmax: tuple[Traffic, ...],
+    convert_bytes: int,
+    ceilings: dict[str, float],
+    kept_tiles: float,
+) -> dict[str, float]:
+    """Two lower bounds of an unfused forward + backward, ms, from the six GEMMs' time alone
+    (gemm_ms), the softmax's must-move bytes at the ceilings of their read:write mix
+    (roofline.roofline_ms: copy for the full-row forward, add for the full-row backward, copy
+    and fill for causal rows) and the conversions' bytes at the copy ceiling (ceilings: GB/s of
+    bytes read + written, ops_bench.run_ceiling):
+    - bound_ms, full GEMMs: gemm_ms + softmax_ms + convert_ms;
+    - tile_bound_ms, tile skipping: gemm_ms * kept_tiles + softmax_ms + convert_ms, kept_tiles
+      the share of 128x128 score tiles holding a kept element (each of the six GEMMs reads or
+      writes the scores, so a kernel that skips masked tiles skips that share of its flops)."""
+    softmax_ms = sum(roofline_ms(t.read_bytes, t.write_bytes, ceilings)[0] for t in softmax)
+    convert_ms = ms_at(convert_bytes, ceilings["copy"])
     return {
         "gemm_ms": gemm_ms,
-        "softmax_ms": softmax,
-        "convert_ms": convert,
-        "bound_ms": gemm_ms + softmax + convert,
+        "softmax_ms": softmax_ms,
+        "convert_ms": convert_ms,
+        "bound_ms": gemm_ms + softmax_ms + convert_ms,
+        "kept_tile_fraction": kept_tiles,
+        "tile_bound_ms": gemm_ms * kept_tiles + softmax_ms + convert_ms,
     }
 
 
@@ -419,14 +457,14 @@ def add_profile(r: Runner, row: dict, step) -> None:
 def run_roofline(r: Runner, dtype: str, te_rows: dict[str, dict[str, dict]]) -> None:
     """One roofline row per config (module/<config>/<dtype>/roofline): the GEMMs alone, timed
     once per dtype (the three configs run the same GEMMs), plus the softmax and conversion bytes
-    at the copy ceiling of this run; te_fast's rows of the config get x_roofline = their time /
-    the bound, and the roofline row the eager one's, with the gap by term where te_fast's step
-    was profiled (profile_ms)."""
+    at the ceilings of this run (roofline()); te_fast's rows of the config get x_roofline = their
+    time / bound_ms and x_tile_bound = their time / tile_bound_ms, and the roofline row the eager
+    one's, with the gap to bound_ms by term where te_fast's step was profiled (profile_ms)."""
     shape = r.plan.module_shape
     shape_txt = f"{shape} [b*h,s,d]"
     head = base_row("module", "roofline", config="gemms", dtype=dtype, shape=shape_txt)
-    if not r.ceiling_gbps:
-        r.skip(head, "no copy ceiling in this run")
+    if not CEILING_MIX.keys() <= r.ceilings.keys():
+        r.skip(head, "no ceilings in this run")
         return
     gemm = None
     with r.guard(head):
@@ -452,8 +490,15 @@ def run_roofline(r: Runner, dtype: str, te_rows: dict[str, dict[str, dict]]) -> 
                 r.skip(base_row("module", "roofline", config=config, dtype=dtype), "no thd run")
                 continue
         row = base_row("module", "roofline", config=config, dtype=dtype, shape=shape_txt)
-        nbytes = roofline_bytes(shape, elem, tokens)
-        terms = roofline(gemm.median_ms, nbytes, r.ceiling_gbps)
+        masking = ROOFLINE_MASKING[config]
+        nbytes = roofline_bytes(shape, elem, tokens, masking)
+        terms = roofline(
+            gemm.median_ms,
+            softmax_traffic_of(shape, elem, masking),
+            nbytes["convert_fwd_bytes"] + nbytes["convert_bwd_bytes"],
+            r.ceilings,
+            kept_tile_fraction(masking, shape.s, shape.s),
+        )
         row.update(nbytes)
         row.update(terms)
         row.update(
@@ -466,10 +511,15 @@ def run_roofline(r: Runner, dtype: str, te_rows: dict[str, dict[str, dict]]) -> 
         for x in impls.values():
             if x.get("status") == "ok" and "median_ms" in x:
                 x["x_roofline"] = x["median_ms"] / terms["bound_ms"]
+                x["x_tile_bound"] = x["median_ms"] / terms["tile_bound_ms"]
         if ours is None or "x_roofline" not in ours:
             row["note"] = "te_fast has no time in this run"
         else:
-            row.update(te_fast_ms=ours["median_ms"], x_roofline=ours["x_roofline"])
+            row.update(
+                te_fast_ms=ours["median_ms"],
+                x_roofline=ours["x_roofline"],
+                x_tile_bound=ours["x_tile_bound"],
+            )
             if ours.get("profile_ms"):
                 row.update(gaps(ours["median_ms"], ours["profile_ms"], terms))
         r.emit(row)
@@ -490,10 +540,14 @@ def gaps(te_ms: float, profile: dict[str, float], terms: dict[str, float]) -> di
 def describe_roofline(row: dict) -> str:
     text = (
         f"roofline {row['config']}: GEMMs {row['gemm_ms']:.3f} + softmax {row['softmax_ms']:.3f}"
-        f" + convert {row['convert_ms']:.3f} = {row['bound_ms']:.3f} ms"
+        f" + convert {row['convert_ms']:.3f} = {row['bound_ms']:.3f} ms; tile skipping "
+        f"({100 * row['kept_tile_fraction']:.0f}% of tiles) {row['tile_bound_ms']:.3f} ms"
     )
     if "x_roofline" in row:
-        text += f"; te_fast {row['te_fast_ms']:.3f} ms = {row['x_roofline']:.2f}x"
+        text += (
+            f"; te_fast {row['te_fast_ms']:.3f} ms = {row['x_roofline']:.2f}x, "
+            f"{row['x_tile_bound']:.2f}x tile skipping"
+        )
     if "largest_gap" in row:
         text += f"; largest gap: {row['largest_gap']} {row['gap_ms'][row['largest_gap']]:.3f} ms"
     return text

@@ -1,4 +1,4 @@
-"""Bandwidth sections: the copy ceiling, softmax ops and their peers, the layout conversions."""
+"""Bandwidth sections: the ceilings, softmax ops and their peers, the layout conversions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import time
 import torch
 
 from benchmarks import checks, peers
-from benchmarks.cases import DTYPES, SCALE, SOFTMAX_OPS, SoftmaxOp
+from benchmarks.cases import CAUSAL_OPS, DTYPES, SCALE, SOFTMAX_OPS, SoftmaxOp
+from benchmarks.roofline import Traffic, softmax_traffic
 from benchmarks.runner import Fatal, Runner, base_row
 from benchmarks.timing import time_calls
 
@@ -26,16 +27,41 @@ def _shape(t: torch.Tensor) -> str:
 
 
 def run_ceiling(r: Runner) -> None:
-    """Device-to-device copy of a large buffer: bytes read + written per second = 100%."""
+    """The ceiling kernels, one row each, on buffers of plan.ceiling_bytes; GB/s = bytes read +
+    written a second, by read:write mix (roofline.CEILING_MIX):
+    - copy: uint8 dst.copy_(src), 1 read : 1 write: the copy ceiling (fraction_of_ceiling 100%);
+    - add: fp32 torch.add(a, b, out=c), 2 reads : 1 write;
+    - fill: fp32 dst.fill_(1), 0 reads : 1 write.
+    Each op row's roofline takes the pair whose mixes bracket its own (roofline.roofline_ms)."""
     n = r.plan.ceiling_bytes
-    row = base_row("ceiling", "copy", shape=f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n} B")
-    src = torch.empty(n, dtype=torch.uint8, device=r.device).random_()
+    shape = f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n} B"
+    for name, kernel in (("copy", _copy), ("add", _add), ("fill", _fill)):
+        fn, correct, moved = kernel(n, r.device)  # the last kernel's buffers are freed here
+        stats = time_calls(fn, r.device, r.plan.reps, r.plan.warmup)
+        if not correct():
+            raise Fatal(f"the {name} ceiling's kernel is wrong: nothing else can be trusted")
+        r.ceilings[name] = moved / (stats.median_ms * 1e-3) / 1e9
+        r.bandwidth(base_row("ceiling", name, shape=shape), stats, moved, None)
+
+
+def _copy(n: int, device: torch.device):
+    """(kernel, its check, bytes it moves) of a copy of n bytes."""
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
-    stats = time_calls(lambda: dst.copy_(src), r.device, r.plan.reps, r.plan.warmup)
-    if not torch.equal(dst, src):
-        raise Fatal("the copy ceiling's copy is wrong: nothing else can be trusted")
-    r.ceiling_gbps = 2 * n / (stats.median_ms * 1e-3) / 1e9
-    r.bandwidth(row, stats, 2 * n, None)
+    return lambda: dst.copy_(src), lambda: torch.equal(dst, src), 2 * n
+
+
+def _add(n: int, device: torch.device):
+    """(kernel, its check, bytes it moves) of c = a + b on three fp32 buffers of n bytes."""
+    a, b = (torch.empty(n // 4, device=device).uniform_() for _ in range(2))
+    c = torch.empty_like(a)
+    return lambda: torch.add(a, b, out=c), lambda: torch.equal(c, a + b), 3 * n
+
+
+def _fill(n: int, device: torch.device):
+    """(kernel, its check, bytes it moves) of a fill of an fp32 buffer of n bytes."""
+    dst = torch.empty(n // 4, device=device)
+    return lambda: dst.fill_(1.0), lambda: bool((dst == 1.0).all()), n
 
 
 # ----------------------------------------------------------------------------- softmax checks
@@ -95,11 +121,15 @@ def check_bwd(dx4, dy4, y4, scale: float) -> checks.Check:
 
 
 class SoftmaxCase:
-    """Inputs of one (dtype, sk) case, shared by every op and peer."""
+    """Inputs of one (dtype, sk) case, shared by every op and peer: [b, h, sq, sk] with
+    sq = numel / (b*h*sk) (Plan.softmax_shape), or with square, [b, h, sk, sk] with
+    b = numel / (h*sk*sk) (Plan.square_shape), where te_fast's and TE's causal ops run on the
+    same tensors (TE's upper-triangular op requires sq == sk)."""
 
-    def __init__(self, r: Runner, dtype: str, sk: int):
+    def __init__(self, r: Runner, dtype: str, sk: int, square: bool = False):
         self.dtype, self.sk = dtype, sk
-        b, h, sq, _ = r.plan.softmax_shape(dtype, sk)
+        shape = r.plan.square_shape(dtype, sk) if square else r.plan.softmax_shape(dtype, sk)
+        b, h, sq, _ = shape
         self.b, self.h, self.sq = b, h, sq
         torch.manual_seed(sk * 7 + len(dtype))
         td = DTYPES[dtype]
@@ -108,6 +138,7 @@ class SoftmaxCase:
         self.misaligned = r.plan.misaligned
         if self.misaligned:
             self.x, self.dy = _one_element_in(self.x), _one_element_in(self.dy)
+        self.config = "square" if square else "misaligned" if self.misaligned else None
         self.mask = torch.rand(b, 1, sq, sk, device=r.device) < 0.2  # True = masked out
         self.ys: dict[str, torch.Tensor] = {}
         self.shape = _shape(self.x)
@@ -118,8 +149,15 @@ class SoftmaxCase:
     def as4(self, t: torch.Tensor) -> torch.Tensor:
         return t.view(self.b, self.h, self.sq, self.sk)
 
-    def row(self, op_name: str, impl: str) -> dict:
-        layout = {"config": "misaligned"} if self.misaligned else {}
+    def traffic(self, masking: str, direction: str) -> Traffic:
+        """What an op of this masking must move on this case's tensors (roofline.py)."""
+        mask_bytes = self.mask.nbytes if masking == "mask" and direction == "fwd" else 0
+        return softmax_traffic(
+            masking, direction, tuple(self.x.shape), self.x.element_size(), mask_bytes
+        )
+
+    def row(self, op_name: str | None, impl: str) -> dict:
+        layout = {"config": self.config} if self.config else {}
         return base_row(
             "softmax", impl, op=op_name, **layout, dtype=self.dtype, sk=self.sk, shape=self.shape
         )
@@ -142,8 +180,7 @@ def te_fast_fwd(r: Runner, c: SoftmaxCase, op: SoftmaxOp) -> None:
         c.ys[op.name] = y
         chk = check_fwd(c.as4(y), c.x, c.mask, op.masking, SCALE)
         stats = time_calls(lambda: fn(*args), r.device, r.plan.reps, r.plan.warmup)
-        extra = c.mask.nbytes if op.masking == "mask" else 0
-        r.bandwidth(row, stats, 2 * c.x.nbytes + extra, chk)
+        r.op_bandwidth(row, stats, c.traffic(op.masking, "fwd"), chk)
 
 
 def te_fast_bwd(r: Runner, c: SoftmaxCase, op: SoftmaxOp) -> None:
@@ -159,7 +196,7 @@ def te_fast_bwd(r: Runner, c: SoftmaxCase, op: SoftmaxOp) -> None:
         chk = check_bwd(c.as4(dx), c.dy, c.as4(y), SCALE)
         del dx
         stats = time_calls(lambda: fn(dy, y, SCALE), r.device, r.plan.reps, r.plan.warmup)
-        r.bandwidth(row, stats, 3 * c.x.nbytes, chk)
+        r.op_bandwidth(row, stats, c.traffic(op.masking, "bwd"), chk)
 
 
 def torch_fwd(r: Runner, c: SoftmaxCase) -> None:
@@ -168,7 +205,7 @@ def torch_fwd(r: Runner, c: SoftmaxCase) -> None:
         fn = lambda: torch.softmax(c.x, -1)
         chk = check_fwd(fn(), c.x, None, "none", 1.0)
         stats = time_calls(fn, r.device, r.plan.reps, r.plan.warmup)
-        r.bandwidth(row, stats, 2 * c.x.nbytes, chk)
+        r.op_bandwidth(row, stats, c.traffic("none", "fwd"), chk)
 
 
 def torch_bwd(r: Runner, c: SoftmaxCase) -> None:
@@ -181,7 +218,7 @@ def torch_bwd(r: Runner, c: SoftmaxCase) -> None:
         fn = lambda: peers.torch_softmax_bwd(c.dy, y)
         chk = check_bwd(fn(), c.dy, y, 1.0)
         stats = time_calls(fn, r.device, r.plan.reps, r.plan.warmup)
-        r.bandwidth(row, stats, 3 * c.x.nbytes, chk)
+        r.op_bandwidth(row, stats, c.traffic("none", "bwd"), chk)
 
 
 def triton_fwd(r: Runner, c: SoftmaxCase) -> None:
@@ -196,7 +233,7 @@ def triton_fwd(r: Runner, c: SoftmaxCase) -> None:
         chk = check_fwd(y, c.x, None, "none", SCALE)
         del y
         stats = time_calls(lambda: softmax(c.x, SCALE), r.device, r.plan.reps, r.plan.warmup)
-        r.bandwidth(row, stats, 2 * c.x.nbytes, chk)
+        r.op_bandwidth(row, stats, c.traffic("none", "fwd"), chk)
 
 
 class InductorPeers:
@@ -243,22 +280,19 @@ class InductorPeers:
             )
             del y
             stats = time_calls(lambda: fn(*args), r.device, plan.reps, plan.warmup)
-            extra = c.mask.nbytes if kind == "masked" else 0
             row["compile_s"] = entry["seconds"]
-            r.bandwidth(row, stats, 2 * c.x.nbytes + extra, chk)
+            traffic = c.traffic("mask" if kind == "masked" else "none", "fwd")
+            r.op_bandwidth(row, stats, traffic, chk)
 
 
 def run_softmax(r: Runner) -> None:
+    """Every (dtype, sk) case: te_fast's four forwards, the peers, te_fast's backwards; then
+    the square cases (run_square)."""
     plan = r.plan
     inductor = InductorPeers(r)
     for dtype in plan.dtypes:
         for sk in plan.sks:
-            if r.expired():
-                r.skip(base_row("softmax", "all", dtype=dtype, sk=sk), "deadline passed")
-                continue
-            c = None
-            with r.guard(base_row("softmax", "inputs", dtype=dtype, sk=sk)):
-                c = SoftmaxCase(r, dtype, sk)
+            c = _case(r, dtype, sk, square=False)
             if c is None:
                 continue
             for op in SOFTMAX_OPS:
@@ -273,7 +307,7 @@ def run_softmax(r: Runner) -> None:
             if "te" in plan.peers:
                 from benchmarks import te_peer  # Transformer Engine's own kernels
 
-                te_peer.run_case(r, c)
+                te_peer.run_case(r, c, SOFTMAX_OPS)
             for op in SOFTMAX_OPS:
                 te_fast_bwd(r, c, op)
             if "torch" in plan.peers:
@@ -281,6 +315,43 @@ def run_softmax(r: Runner) -> None:
             del c
             if r.device.type == "cuda":
                 torch.cuda.empty_cache()
+    run_square(r)
+
+
+def run_square(r: Runner) -> None:
+    """The causal ops on square tensors ([b, h, s, s], s in plan.square_sks): te_fast and TE
+    (peer "te") on the very same x and dy, forward then backward; rows .../square/... A
+    --misaligned run has none (TE, their reason to be, has no misaligned rows)."""
+    if r.plan.misaligned:
+        return
+    for dtype in r.plan.dtypes:
+        for s in r.plan.square_sks:
+            c = _case(r, dtype, s, square=True)
+            if c is None:
+                continue
+            for op in CAUSAL_OPS:
+                te_fast_fwd(r, c, op)
+            if "te" in r.plan.peers:
+                from benchmarks import te_peer
+
+                te_peer.run_case(r, c, CAUSAL_OPS)
+            for op in CAUSAL_OPS:
+                te_fast_bwd(r, c, op)
+            del c
+            if r.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _case(r: Runner, dtype: str, sk: int, square: bool) -> SoftmaxCase | None:
+    """The case's inputs, or None (a skip row past the deadline, an ERROR row if they fail)."""
+    layout = {"config": "square"} if square else {}
+    if r.expired():
+        r.skip(base_row("softmax", "all", **layout, dtype=dtype, sk=sk), "deadline passed")
+        return None
+    c = None
+    with r.guard(base_row("softmax", "inputs", **layout, dtype=dtype, sk=sk)):
+        c = SoftmaxCase(r, dtype, sk, square)
+    return c
 
 
 # ----------------------------------------------------------------------------- conversions

@@ -1,4 +1,4 @@
-"""One run's state: result rows, the copy ceiling, the deadline, the compile log, loud problems."""
+"""One run's state: result rows, the ceilings, the deadline, the compile log, loud problems."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from benchmarks import peers
 from benchmarks.cases import Plan
 from benchmarks.checks import Check
+from benchmarks.roofline import CEILING_MIX, Traffic, roofline_ms
 from benchmarks.timing import Stats, sync
 
 PROBLEMS = ("WRONG", "ERROR")
@@ -48,9 +49,16 @@ class Runner:
         self.device = device
         self.rows: list[dict] = []
         self.compiles: list[dict] = []
-        self.ceiling_gbps: float | None = None
+        # GB/s (bytes read + written a second) of the ceiling kernels: copy, add, fill
+        # (roofline.CEILING_MIX); filled by ops_bench.run_ceiling
+        self.ceilings: dict[str, float] = {}
         self.softmax_compile_s = 0.0
         self.started = time.perf_counter()
+
+    @property
+    def ceiling_gbps(self) -> float | None:
+        """The copy ceiling: the yardstick of fraction_of_ceiling and of the conversions."""
+        return self.ceilings.get("copy")
 
     # ------------------------------------------------------------------ time budget
     def elapsed(self) -> float:
@@ -88,6 +96,8 @@ class Runner:
         return row
 
     def bandwidth(self, row: dict, stats: Stats, nbytes: int, chk: Check | None) -> dict:
+        """Emit a timed row: bytes (nbytes as counted), gbps (bytes / median time, GB/s) and
+        fraction_of_ceiling (gbps / the copy ceiling)."""
         gbps = nbytes / (stats.median_ms * 1e-3) / 1e9
         row.update(
             median_ms=stats.median_ms, iqr_ms=stats.iqr_ms, reps=stats.n, bytes=nbytes, gbps=gbps
@@ -95,6 +105,28 @@ class Runner:
         if self.ceiling_gbps:
             row["fraction_of_ceiling"] = gbps / self.ceiling_gbps
         return self.emit(self.checked(row, chk))
+
+    def op_bandwidth(self, row: dict, stats: Stats, traffic: Traffic, chk: Check | None) -> dict:
+        """Emit a softmax op's row, against its must-move roofline (roofline.py):
+        - read_bytes, write_bytes, must_move_bytes: what the op must move;
+        - full_row_bytes: the count before (whole rows read and written); bytes, gbps and
+          fraction_of_ceiling keep that meaning (runs before the roofline compare on it);
+        - roofline_ms: the time the ceiling kernels take to move the must-move bytes
+          (roofline.roofline_ms), roofline_ceilings: which of them ("copy+fill", ...);
+        - fraction_of_roofline = roofline_ms / median_ms: the headline figure (1.0 = the op
+          runs at the speed of the ceiling kernels moving its bytes)."""
+        row.update(
+            read_bytes=traffic.read_bytes,
+            write_bytes=traffic.write_bytes,
+            must_move_bytes=traffic.must_move_bytes,
+            full_row_bytes=traffic.full_row_bytes,
+        )
+        if CEILING_MIX.keys() <= self.ceilings.keys():
+            ms, used = roofline_ms(traffic.read_bytes, traffic.write_bytes, self.ceilings)
+            row.update(
+                roofline_ms=ms, roofline_ceilings=used, fraction_of_roofline=ms / stats.median_ms
+            )
+        return self.bandwidth(row, stats, traffic.full_row_bytes, chk)
 
     @contextlib.contextmanager
     def guard(self, row: dict):
@@ -155,7 +187,9 @@ def format_row(row: dict) -> str:
         parts.append(f"{row['median_ms']:8.3f} ms ±{row['iqr_ms']:.3f}")
     if "gbps" in row:
         parts.append(f"{row['gbps']:6.0f} GB/s")
-    if row.get("fraction_of_ceiling") is not None:
+    if row.get("fraction_of_roofline") is not None:
+        parts.append(f"{100 * row['fraction_of_roofline']:5.1f}% of roofline")
+    elif row.get("fraction_of_ceiling") is not None:
         parts.append(f"{100 * row['fraction_of_ceiling']:5.1f}% of copy")
     if row.get("peak_extra_bytes") is not None:
         parts.append(f"peak +{row['peak_extra_bytes'] / 2**30:.2f} GiB")

@@ -55,6 +55,25 @@ def test_smoke_run_writes_every_section(tmp_path, capsys):
     for r in rows:
         if r["section"] in ("softmax", "convert") and r["status"] == "ok":
             assert r["bytes"] > 0 and r["fraction_of_ceiling"] > 0 and r["check"]["ok"], r
+    # the ceilings by read:write mix, and every softmax row against its must-move roofline
+    assert set(result["ceilings_gbps"]) == {"copy", "add", "fill"}
+    assert result["ceilings_gbps"]["copy"] == result["ceiling_gbps"]
+    ceilings = {r["impl"]: r for r in rows if r["section"] == "ceiling"}
+    assert set(ceilings) == {"copy", "add", "fill"}
+    assert all(r["gbps"] == pytest.approx(result["ceilings_gbps"][k]) for k, r in ceilings.items())
+    softmax = [r for r in rows if r["section"] == "softmax" and r["status"] == "ok"]
+    for r in softmax:
+        assert r["must_move_bytes"] == r["read_bytes"] + r["write_bytes"] > 0, r
+        assert r["full_row_bytes"] == r["bytes"] >= r["must_move_bytes"], r
+        assert r["fraction_of_roofline"] == pytest.approx(r["roofline_ms"] / r["median_ms"])
+        causal = "causal" in r["op"] or "upper_triang" in r["op"]
+        assert (r["must_move_bytes"] < r["full_row_bytes"]) == causal, r
+    # the square causal cases: te_fast's causal ops on [b, h, s, s]
+    square = {(r["op"], r["dtype"], r["sk"]) for r in softmax if r.get("config") == "square"}
+    for op in SOFTMAX_OPS:
+        for name in (f"{op.fwd}_fwd", op.bwd):
+            causal = op.masking in ("upper_triang", "aligned_causal")
+            assert ((name, "bf16", 32) in square) == causal
     timed = [
         r
         for r in rows
@@ -74,32 +93,56 @@ def test_smoke_run_writes_every_section(tmp_path, capsys):
     assert [c for c in result["compiles"] if c["label"].startswith("module/")]
     md = (tmp_path / "latest.md").read_text()
     assert "SMOKE" in md and "scaled_softmax_fwd, bf16" in md and "Stack of layers" in md
+    assert "## Softmax ops: % of the must-move roofline" in md
+    assert "## Causal ops on square tensors" in md and "| 32 | [2,2,32,32] |" in md
     assert md.count("Paired rounds, te_fast / composite (eager") == 2  # small and stack
     assert (tmp_path / "latest.png").stat().st_size > 1000
 
 
 def test_roofline_bytes_and_bound_by_hand():
-    """b2 h3 s4 d5, 2-byte elements: n = 2*3*4*4 = 96 scores; softmax forward 2*96*2 = 384 bytes,
-    backward 3*96*2 = 576. THD with t = 6 tokens, a token row of 3*5*2 = 30 bytes: thd->bshd
-    (6 + 2*4)*30 = 420, bshd->thd 2*6*30 = 360; forward q, k, v in and out back 3*420 + 360 =
-    1620, backward dout in and dq, dk, dv back 420 + 3*360 = 1500."""
+    """b2 h3 s4 d5, 2-byte elements: n = 2*3*4*4 = 96 scores of 192 bytes. Full rows: softmax
+    forward reads and writes 192 (384), backward reads 2*192 and writes 192 (576). Causal (top-left,
+    s = 4): 1 + 2 + 3 + 4 = 10 kept of 16 a slice, 60 of 96: forward reads 120 and writes 192
+    (312), backward reads 240 and writes 192 (432); the old count 960 either way. THD with t = 6
+    tokens, a token row of 3*5*2 = 30 bytes: thd->bshd (6 + 2*4)*30 = 420, bshd->thd 2*6*30 =
+    360; forward q, k, v in and out back 3*420 + 360 = 1620, backward dout in and dq, dk, dv back
+    420 + 3*360 = 1500."""
     from benchmarks.cases import AttnShape
-    from benchmarks.module_bench import gaps, gemm_flops, roofline, roofline_bytes
+    from benchmarks.module_bench import (
+        gaps,
+        gemm_flops,
+        roofline,
+        roofline_bytes,
+        softmax_traffic_of,
+    )
 
     shape = AttnShape(2, 3, 4, 5)
-    thd = roofline_bytes(shape, 2, 6)
+    thd = roofline_bytes(shape, 2, 6, "none")
     assert thd == {"softmax_fwd_bytes": 384, "softmax_bwd_bytes": 576,
+                   "softmax_full_row_bytes": 960,
                    "convert_fwd_bytes": 1620, "convert_bwd_bytes": 1500}  # fmt: skip
-    bshd = roofline_bytes(shape, 4, None)
-    assert bshd == {"softmax_fwd_bytes": 768, "softmax_bwd_bytes": 1152,
-                    "convert_fwd_bytes": 0, "convert_bwd_bytes": 0}  # fmt: skip
+    causal = roofline_bytes(shape, 2, None, "upper_triang")
+    assert causal == {"softmax_fwd_bytes": 312, "softmax_bwd_bytes": 432,
+                      "softmax_full_row_bytes": 960,
+                      "convert_fwd_bytes": 0, "convert_bwd_bytes": 0}  # fmt: skip
+    assert roofline_bytes(shape, 4, None, "none")["softmax_fwd_bytes"] == 768
     assert gemm_flops(shape) == 6 * 2 * 2 * 3 * 4 * 4 * 5
-    # a copy ceiling of 1e-6 GB/s: 1000 bytes a second, 1 byte a millisecond
-    terms = roofline(2.5, thd, 1e-6)
+    # ceilings of 1, 2 and 4 bytes a millisecond (1e-6 GB/s is 1000 bytes a second)
+    ceilings = {"copy": 1e-6, "add": 2e-6, "fill": 4e-6}
+    # full rows: the forward a copy of 384 bytes (384 ms), the backward an add of 576 (288 ms);
+    # the conversions' 3120 bytes at the copy ceiling
+    terms = roofline(2.5, softmax_traffic_of(shape, 2, "none"), 3120, ceilings, 1.0)
     assert terms == pytest.approx(
-        {"gemm_ms": 2.5, "softmax_ms": 960.0, "convert_ms": 3120.0, "bound_ms": 4082.5}
-    )
-    assert roofline(2.5, bshd, 1e-6)["bound_ms"] == pytest.approx(2.5 + 1920.0)
+        {"gemm_ms": 2.5, "softmax_ms": 672.0, "convert_ms": 3120.0, "bound_ms": 3794.5,
+         "kept_tile_fraction": 1.0, "tile_bound_ms": 3794.5}
+    )  # fmt: skip
+    # causal: the forward a copy of the 120 read bytes (240 ms) + a fill of 72 (18 ms); the
+    # backward an add of 48 written bytes (144 moved, 72 ms) + a copy of 144 (288 moved, 288 ms)
+    terms = roofline(2.5, softmax_traffic_of(shape, 2, "upper_triang"), 0, ceilings, 0.5)
+    assert terms == pytest.approx(
+        {"gemm_ms": 2.5, "softmax_ms": 618.0, "convert_ms": 0.0, "bound_ms": 620.5,
+         "kept_tile_fraction": 0.5, "tile_bound_ms": 619.25}
+    )  # fmt: skip
     small = {"gemm_ms": 4.0, "softmax_ms": 1.0, "convert_ms": 0.25, "bound_ms": 5.25}
     profile = {"gemm": 5.0, "softmax": 2.5, "convert": 0.5, "other": 0.5}
     got = gaps(10.0, profile, small)
@@ -124,10 +167,12 @@ def test_unfused_gemms_are_checked(monkeypatch):
 
 def test_smoke_run_has_the_roofline_rows(tmp_path, capsys):
     """The module section's roofline: one row per config (causal, padding, thd) with its terms,
-    bytes by roofline_bytes at the smoke shape, te_fast's time as a multiple of the bound; te_fast
+    bytes by roofline_bytes at the smoke shape (causal: the kept lower triangle), both bounds
+    (full GEMMs; GEMMs on the kept tiles only), te_fast's time as a multiple of each; te_fast
     at THD timed and checked; both tables in latest.md."""
     from benchmarks.cases import AttnShape
-    from benchmarks.module_bench import roofline_bytes
+    from benchmarks.module_bench import ROOFLINE_MASKING, roofline_bytes, softmax_traffic_of
+    from benchmarks.roofline import roofline_ms
 
     code, result = _run(tmp_path, "--only", "module")
     assert code == 0, capsys.readouterr().out
@@ -137,26 +182,94 @@ def test_smoke_run_has_the_roofline_rows(tmp_path, capsys):
     t = thd["tokens"]
     assert "thd" in thd["shape"] and 16 <= t <= 32  # b2 s16, lengths in [8, 16]
     shape = AttnShape(2, 2, 16, 8)  # cases.smoke_plan's module shape
+    ceilings = result["ceilings_gbps"]
     for config in ("causal", "padding", "thd"):
         r = rows[f"module/{config}/bf16/roofline"]
         assert r["status"] == "ok"
-        nbytes = roofline_bytes(shape, 2, t if config == "thd" else None)
+        masking = ROOFLINE_MASKING[config]
+        nbytes = roofline_bytes(shape, 2, t if config == "thd" else None, masking)
         assert {k: r[k] for k in nbytes} == nbytes
-        assert r["softmax_fwd_bytes"] == 2 * 2 * 2 * 16 * 16 * 2
+        n = 2 * 2 * 16 * 16 * 2  # the scores' bytes
+        assert r["softmax_full_row_bytes"] == 5 * n
+        kept = 2 * 2 * (16 * 17 // 2) * 2 if config == "causal" else n  # kept scores' bytes
+        assert r["softmax_fwd_bytes"] == kept + n and r["softmax_bwd_bytes"] == 2 * kept + n
         assert r["convert_fwd_bytes"] > 0 if config == "thd" else r["convert_fwd_bytes"] == 0
-        assert r["ceiling_gbps"] == result["ceiling_gbps"] > 0
+        assert r["ceiling_gbps"] == result["ceiling_gbps"] == ceilings["copy"] > 0
         assert r["bound_ms"] == pytest.approx(r["gemm_ms"] + r["softmax_ms"] + r["convert_ms"])
         assert r["softmax_ms"] == pytest.approx(
-            (r["softmax_fwd_bytes"] + r["softmax_bwd_bytes"]) / (r["ceiling_gbps"] * 1e6)
+            sum(roofline_ms(x.read_bytes, x.write_bytes, ceilings)[0]
+                for x in softmax_traffic_of(shape, 2, masking))
+        )  # fmt: skip
+        assert r["kept_tile_fraction"] == 1.0  # s = 16: one 128x128 tile, kept
+        assert r["tile_bound_ms"] == pytest.approx(
+            r["gemm_ms"] * r["kept_tile_fraction"] + r["softmax_ms"] + r["convert_ms"]
         )
         ours = thd if config == "thd" else rows[f"module/{config}/bf16/te_fast"]
         assert r["te_fast_ms"] == ours["median_ms"]
         assert r["x_roofline"] == pytest.approx(ours["median_ms"] / r["bound_ms"])
-        assert ours["x_roofline"] == r["x_roofline"]
+        assert r["x_tile_bound"] == pytest.approx(ours["median_ms"] / r["tile_bound_ms"])
+        assert ours["x_roofline"] == r["x_roofline"] and ours["x_tile_bound"] == r["x_tile_bound"]
     assert "x_roofline" in rows["module/causal/bf16/te_fast.compile"]
     md = (tmp_path / "latest.md").read_text()
-    assert "## The unfused roofline" in md and "| x roofline |" in md
+    assert "## The unfused rooflines" in md and "| x roofline | x tile |" in md
+    assert "| tile bound ms |" in md
     assert "| bf16 | thd (b2 h2 s16 d8 thd t=" in md
+
+
+def test_te_runs_on_te_fasts_tensors(tmp_path, monkeypatch, capsys):
+    """te_peer: TE's ops run on the very tensors te_fast's do (same storage, same shape), the
+    upper-triangular one only where sq == sk (the square cases; a skip row with TE's reason
+    elsewhere), and TE's rows count the bytes te_fast's do. TE is stood in for by its own shape
+    rules (te_kernels.not_supported_reasons) and te_fast's arithmetic."""
+    from benchmarks import te_peer
+    from suites.adapters import te_kernels
+
+    inputs: dict[str, set] = {}  # "te_fast"/"te" -> {(op, data_ptr, shape)}
+    real = {op.name: getattr(te_fast.ops, op.fwd) for op in SOFTMAX_OPS}
+
+    def seen(who, op, x):
+        inputs.setdefault(who, set()).add((op, x.data_ptr(), tuple(x.shape)))
+
+    class FakeTE:
+        unavailable_reason = staticmethod(lambda: None)
+        not_supported_reasons = staticmethod(te_kernels.not_supported_reasons)
+        fault_reasons = staticmethod(te_kernels.fault_reasons)
+
+        @staticmethod
+        def forward(op, x, *args):
+            seen("te", op, x)
+            return real[op](x, *args)
+
+        @staticmethod
+        def backward(op, dy, y, scale):
+            return getattr(te_fast.ops, f"{op}_bwd")(dy, y, scale)
+
+    def spy(name):
+        def fwd(x, *args):
+            seen("te_fast", name, x)
+            return real[name](x, *args)
+
+        return fwd
+
+    for op in SOFTMAX_OPS:
+        monkeypatch.setattr(te_fast.ops, op.fwd, spy(op.name))
+    monkeypatch.setattr(te_peer, "_te", lambda: FakeTE)
+    code, result = _run(tmp_path, "--only", "softmax", "--peers", "te", "--inductor", "off")
+    assert code == 0, capsys.readouterr().out
+    assert inputs["te"] and inputs["te"] <= inputs["te_fast"]
+    rows = {r["case"]: r for r in result["rows"]}
+    upper = "scaled_upper_triang_masked_softmax"
+    for s in (16, 32):  # the smoke plan's square sizes: TE and te_fast on [b*h, s, s]
+        for name in (f"{upper}_fwd", f"{upper}_bwd", "scaled_aligned_causal_masked_softmax_bwd"):
+            ours, te = (rows[f"softmax/{name}/square/bf16/sk={s}/{i}"] for i in ("te_fast", "te"))
+            assert ours["status"] == te["status"] == "ok", te
+            for key in ("shape", "read_bytes", "write_bytes", "full_row_bytes"):
+                assert te[key] == ours[key], key
+    assert any(op == upper and shape[1] == shape[2] for op, _, shape in inputs["te"])
+    assert not any(op == upper and shape[1] != shape[2] for op, _, shape in inputs["te"])
+    skipped = rows[f"softmax/{upper}_fwd/bf16/sk=64/te"]  # [4, 32, 64]: sq != sk
+    assert skipped["status"] == "skipped" and "sq == sk required" in skipped["note"]
+    assert rows["softmax/scaled_softmax_fwd/bf16/sk=64/te"]["status"] == "ok"
 
 
 def _unnormalised(x, scale):
@@ -180,7 +293,8 @@ def _zero_grad(dy, y, scale):
     [
         ("scaled_softmax", _unnormalised, "softmax/scaled_softmax_fwd/"),
         ("scaled_masked_softmax", _ignores_mask, "softmax/scaled_masked_softmax_fwd/"),
-        ("scaled_aligned_causal_masked_softmax", _not_causal, "aligned_causal_masked_softmax_fwd"),
+        # the backward reads y where the mask keeps it only: fed the broken y, it is WRONG too
+        ("scaled_aligned_causal_masked_softmax", _not_causal, "aligned_causal_masked_softmax_"),
         ("scaled_softmax_bwd", _zero_grad, "softmax/scaled_softmax_bwd/"),
     ],
 )
