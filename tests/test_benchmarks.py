@@ -293,7 +293,7 @@ def _zero_grad(dy, y, scale):
     [
         ("scaled_softmax", _unnormalised, "softmax/scaled_softmax_fwd/"),
         ("scaled_masked_softmax", _ignores_mask, "softmax/scaled_masked_softmax_fwd/"),
-        # the backward reads y where the mask keeps it only: fed the broken y, it is WRONG too
+        # its backward, fed the broken y, may be WRONG too (one that reads only kept columns is)
         ("scaled_aligned_causal_masked_softmax", _not_causal, "aligned_causal_masked_softmax_"),
         ("scaled_softmax_bwd", _zero_grad, "softmax/scaled_softmax_bwd/"),
     ],
