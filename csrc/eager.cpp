@@ -1,5 +1,5 @@
 // te_fast::eager_softmax: the autograd of a te_fast softmax forward op in plain eager calls, as
-// one C++ autograd node (te_fast/_eager.py calls it; traces call the ops themselves, whose
+// one C++ autograd node (te_fast/_eager_softmax.py calls it; traces call the ops themselves, whose
 // autograd is the one registered in Python, te_fast/ops.py).
 //
 // The autograd that torch.library.register_autograd puts on an op is a Python kernel at the
@@ -9,7 +9,7 @@
 // included, takes about 30% less host time through this node than through a Python
 // autograd.Function). Here the forward op runs below autograd, the node saves y and the
 // scale, and its backward calls the op's backward op, dx = <name>_bwd(dy, y, scale): the same
-// formula and the same kernels as the registered autograd (suites/test_eager_softmax.py checks
+// formula and the same kernels as the registered autograd (suites/te_fast/test_eager_softmax.py checks
 // bit equality, double backward too).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>

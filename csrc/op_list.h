@@ -1,6 +1,8 @@
 // The te_fast ops: the one C++ list from which the TORCH_LIBRARY schemas (te_fast.cpp), the
 // OpTable<Backend> entry points and their registration for every backend (op_table.h) are
-// generated. Its Python counterpart is te_fast/_registry.py. No torch headers here.
+// generated. Its Python counterpart is te_fast/_registry.py (OPS: the same ops in the same order,
+// with the same entry, mask mode and rank; tests/test_op_table.py fails naming any difference).
+// No torch headers here.
 //
 // TE_FAST_OPS(X) calls X(op, entry, mask_mode, rank) once per op:
 //   op         the name: torch.ops.te_fast.<op>, and the op that TORCH_CHECK messages name

@@ -8,10 +8,11 @@ from types import MappingProxyType
 
 import torch
 
-from te_fast import _eager, ops
+from te_fast import _attention_core, _eager_softmax, ops
 from te_fast import fp8 as fp8_lib
-from te_fast._call import _PADDING as _PADDING_TYPES
-from te_fast._call import SOFTMAX_TYPES, Call, max_seqlen_error, resolve
+from te_fast._arguments import _PADDING as _PADDING_TYPES
+from te_fast._arguments import SOFTMAX_TYPES, Call, max_seqlen_error, resolve
+from te_fast._registry import SOFTMAX_KINDS
 
 __all__ = ["UnfusedDotProductAttention"]
 
@@ -26,12 +27,12 @@ CORE_MIN_SCORE_BYTES = 64 << 20
 
 # The ways a forward goes, counted per plain eager call in UnfusedDotProductAttention.
 # dispatch_counts (traces are not counted: a compiled graph runs what its trace chose). The
-# suites check that every path has a case (suites/test_dispatch_paths.py).
+# suites check that every path has a case (suites/te_fast/test_dispatch_paths.py).
 DISPATCH_PATHS = (
     "fp8",  # the FP8 eager island
-    *(f"ops:{kind}" for kind in _eager.SOFTMAX_KINDS),  # whole-tensor ops, by vanilla softmax op
+    *(f"ops:{kind}" for kind in SOFTMAX_KINDS),  # whole-tensor ops, by vanilla softmax op
     "ops:sink",  # off-by-one / learnable: the plain or masked op on one more column, in fp32
-    *(f"core:{kind}" for kind in _eager.SOFTMAX_KINDS),  # the eager core, by softmax op
+    *(f"core:{kind}" for kind in SOFTMAX_KINDS),  # the eager core, by softmax op
     "core:one_slice", "core:batch_slices", "core:head_slices",  # and by its slices
 )  # fmt: skip
 
@@ -100,9 +101,9 @@ class UnfusedDotProductAttention(torch.nn.Module):
     score_chunk_bytes (te_fast's own, not Transformer Engine's): fp16/bf16 calls (vanilla
     softmax, no bias, no dropout in training, no max_logit) with at least CORE_MIN_SCORE_BYTES
     (64 MiB) of scores run BMM1 -> softmax -> BMM2 and the backward as one autograd node on the
-    strided inputs (te_fast/_eager.py core), in slices of at most this many bytes of [b, h, sq,
-    skv] scores along the batch (or head) axis, so that besides the saved probabilities only one
-    slice's scores (or dP and dS) are alive. None: one slice. Default 256 MiB. Traces
+    strided inputs (te_fast/_attention_core.py), in slices of at most this many bytes of [b, h,
+    sq, skv] scores along the batch (or head) axis, so that besides the saved probabilities only
+    one slice's scores (or dP and dS) are alive. None: one slice. Default 256 MiB. Traces
     (torch.compile) run the same slices through the ops te_fast::attention_core and
     attention_core_backward; functorch transforms keep the whole-tensor ops. The core's backward
     does not support double backward.
@@ -199,7 +200,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
     def _count(self, *paths: str) -> None:
         """One more plain eager forward down each of ``paths`` (DISPATCH_PATHS); nothing in a
         trace (is_compiling is a constant there: the branch leaves no trace of its own)."""
-        if not _eager._is_compiling():
+        if not _eager_softmax._is_compiling():
             counts = self.dispatch_counts
             for path in paths:
                 counts[path] += 1
@@ -244,7 +245,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
     @classmethod
     def _softmax(cls, scores, masked, scale):
         if masked is None:
-            return _eager.softmax("scaled_softmax_fwd", scores, None, scale)
+            return _eager_softmax.softmax("scaled_softmax_fwd", scores, None, scale)
         return cls._masked_softmax(scores, masked, scale)
 
     def _attention(self, call: Call, q, k, v):
@@ -265,7 +266,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             axis, bounds = plan
             split = "one_slice" if len(bounds) == 1 else ("batch_slices", "head_slices")[axis]
             self._count(f"core:{kind}", f"core:{split}")
-            o = _eager.core(qh, kh, vh, masked, kind, scale, plan)
+            o = _attention_core.core(qh, kh, vh, masked, kind, scale, plan)
             return self._output(call, o)
         self._count("ops:sink" if call.softmax_type != "vanilla" else f"ops:{kind}")
 
@@ -284,7 +285,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
         if call.softmax_type != "vanilla":
             probs = self._sink_softmax(call, scores, softmax_scale, masked)
         else:
-            probs = _eager.scores_softmax(kind, scores, masked, softmax_scale)
+            probs = _attention_core.scores_softmax(kind, scores, masked, softmax_scale)
 
         if self.attention_dropout > 0.0:
             with self.attention_dropout_ctx():
@@ -300,15 +301,16 @@ class UnfusedDotProductAttention(torch.nn.Module):
         return out, logits.amax(dim=(0, 2, 3))  # (h,)
 
     def _core_plan(self, call, qh):
-        """(axis, bounds) of the core's slices (_eager.chunk_bounds at score_chunk_bytes, one
-        slice when that is None or the scores fit) for an fp16/bf16 call with a vanilla softmax,
-        no bias, no dropout in training, no max_logit and at least core_min_score_bytes of
-        scores, in plain eager calls and traces alike (not under functorch transforms:
-        _eager.core_applies); None otherwise."""
+        """(axis, bounds) of the core's slices (_attention_core.chunk_bounds at
+        score_chunk_bytes, one slice when that is None or the scores fit) for an fp16/bf16 call
+        with a vanilla softmax, no bias, no dropout in training, no max_logit and at least
+        core_min_score_bytes of scores, in plain eager calls and traces alike (not under
+        functorch transforms: _attention_core.core_applies); None otherwise."""
         if not (
             qh.dtype in (torch.float16, torch.bfloat16) and call.softmax_type == "vanilla"
             and call.bias_type == "no_bias" and not self.return_max_logit
-            and not (self.training and self.attention_dropout > 0.0) and _eager.core_applies()
+            and not (self.training and self.attention_dropout > 0.0)
+            and _attention_core.core_applies()
         ):  # fmt: skip
             return None
         # Sizes last: with dynamic shapes this comparison is a guard, which the calls that fail
@@ -319,12 +321,13 @@ class UnfusedDotProductAttention(torch.nn.Module):
         limit = self.score_chunk_bytes
         plan = None
         if limit is not None:
-            plan = _eager.chunk_bounds(call.b, call.h, call.sq, call.skv, qh.element_size(), limit)
+            itemsize = qh.element_size()
+            plan = _attention_core.chunk_bounds(call.b, call.h, call.sq, call.skv, itemsize, limit)
         return plan or (0, [(0, call.b)])
 
     @staticmethod
     def _softmax_kind(call, kernel_causal, masked):
-        """The te_fast softmax for a vanilla row (one of _eager.SOFTMAX_KINDS): a causal kernel
+        """The te_fast softmax for a vanilla row (one of SOFTMAX_KINDS): a causal kernel
         (no mask tensor) where kernel_causal, else the plain or the explicitly masked softmax."""
         if kernel_causal and not call.bottom_right:
             return "scaled_upper_triang_masked_softmax"
@@ -383,7 +386,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
 
     @staticmethod
     def _masked_softmax(scores, masked, scale):
-        return _eager.scores_softmax("scaled_masked_softmax", scores, masked, scale)
+        return _attention_core.scores_softmax("scaled_masked_softmax", scores, masked, scale)
 
     def _sink_softmax(self, call, scores, scale, masked):
         """off-by-one / learnable: one extra logit (0 or offset[h]) joins every row's denominator.
@@ -399,7 +402,7 @@ class UnfusedDotProductAttention(torch.nn.Module):
             sink = call.softmax_offset.float().reshape(1, h, 1, 1).expand(b, h, sq, 1)
         ext = torch.cat([logits, sink], dim=-1)  # (b, h, sq, skv + 1)
         if masked is None:
-            probs = _eager.softmax("scaled_softmax_fwd", ext, None, 1.0)
+            probs = _eager_softmax.softmax("scaled_softmax_fwd", ext, None, 1.0)
         else:
             m = masked.expand(-1, -1, sq, skv)
             keep_sink = torch.zeros(m.shape[:-1] + (1,), dtype=torch.bool, device=m.device)

@@ -7,7 +7,8 @@ import torch
 from te_fast import _registry as reg
 from te_fast._loader import UNAVAILABLE_REASON
 
-__all__ = [op.public for op in reg.OPS] + ["attention_core", "attention_core_backward"]
+# the C++ ops (fakes and autograd below) and the Python-defined ones (te_fast/_attention_core.py)
+__all__ = [op.public for op in (*reg.OPS, *reg.PYTHON_OPS)]
 
 _SOFTMAX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _STORAGE_DTYPES = (
@@ -113,10 +114,10 @@ def attention_core(
     keep_probs: bool,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """softmax(scale * q k^T) v, slice by slice: UnfusedDotProductAttention's core as traces see
-    it (defined in te_fast/_eager.py, its kernels the eager core's own code).
+    it (defined in te_fast/_attention_core.py, its kernels the eager core's own code).
 
     q [b, h, sq, d], k [b, h, skv, d], v [b, h, skv, dv] (any strides, one dtype); softmax: the
-    te_fast softmax (a forward op's name less "_fwd", te_fast._eager.SOFTMAX_KINDS); mask: bool,
+    te_fast softmax (a forward op's name less "_fwd", te_fast._registry.SOFTMAX_KINDS); mask: bool,
     broadcastable to [b, h, sq, skv], True = masked out, with "scaled_masked_softmax" only;
     axis 0 (batch) or 1 (heads) and edges [0, ..., q.shape[axis]]: the slices [edges[i],
     edges[i + 1]). Returns o [b, h, sq, dv], laid out in memory as q is, and with keep_probs the
@@ -145,7 +146,7 @@ def attention_core_backward(
     )
 
 
-_missing = [op.public for op in reg.OPS if op.public not in globals()]
+_missing = [name for name in __all__ if name not in globals()]
 if _missing:  # a row of te_fast/_registry.py without its typed wrapper above
     raise ImportError(f"te_fast.ops lacks the typed wrappers {_missing}")
 

@@ -3,7 +3,7 @@
 // (magic64) for n, d < 2^63. On the GPU a division by a run-time value takes ~20 instructions,
 // several of them on the conversion and MUFU pipes that a forward row's exponentials need, and a
 // 64-bit one is a subroutine call, whose saved registers spill. Pure C++ with CUDA intrinsics on
-// the device: suites/test_divisor.py checks the host build of the same functions.
+// the device: suites/te_fast/test_divisor.py checks the host build of the same functions.
 #pragma once
 
 #include <cstdint>

@@ -1,19 +1,7 @@
-"""Eager-mode autograd for the te_fast softmax ops, and the attention core (eager and as ops).
-
-The autograd that ``torch.library.register_autograd`` puts on an op is a Python kernel at the
-Autograd dispatch key: every call goes C++ -> Python (argument boxing, ``fill_defaults``, a
-generated ``autograd.Function``) -> C++, and so does every backward op call, even with grad off.
-At small shapes that host time is larger than the kernels. Here the forward and backward ops are
-called below autograd and one C++ autograd node (the op ``te_fast::eager_softmax``,
-csrc/eager.cpp) records the same formula (``dx = <op>_bwd(dy, y, scale)``) - same kernels, same
-results. (A Python ``autograd.Function`` in its place cost ~15 us more per softmax forward and
-backward: 51 against 36 us on a loaded 2-core x86 CPU; docs/performance.md.)
-
-Only for plain eager calls: under ``torch.compile``/``torch.export`` (and functorch transforms)
-``softmax`` calls the op itself, so a trace sees the op and its registered autograd exactly as
-before. The attention core (below) runs in plain eager calls as one lean ``autograd.Function``
-and in traces as the ops ``te_fast::attention_core`` and ``te_fast::attention_core_backward``,
-registered here, whose kernels are the same Python functions.
+"""The attention core: BMM1 -> te_fast softmax -> BMM2 and its backward over slices of the
+scores, in plain eager calls as one lean ``autograd.Function`` and in traces as the ops
+``te_fast::attention_core`` and ``te_fast::attention_core_backward``, defined here from their
+rows in te_fast/_registry.py (PYTHON_OPS), whose kernels are the same Python functions.
 """
 
 from __future__ import annotations
@@ -21,65 +9,16 @@ from __future__ import annotations
 import torch
 
 from te_fast import _registry as reg
+from te_fast._eager_softmax import plain_eager, softmax
 from te_fast._loader import UNAVAILABLE_REASON
+from te_fast._registry import SOFTMAX_KINDS
 
 _below_autograd = torch._C._AutoDispatchBelowAutograd
-_is_compiling = torch.compiler.is_compiling
 _functorch_active = torch._C._are_functorch_transforms_active
-
-
-def plain_eager() -> bool:
-    """Whether this is a plain eager call: traces (torch.compile, export, functorch transforms)
-    see the ops themselves and their registered autograd."""
-    return not (_is_compiling() or _functorch_active())
-
-
-def core_applies() -> bool:
-    """Whether the attention core may run: in plain eager calls (as ``_Core``) and in traces (as
-    the registered ops). Not under functorch transforms, eager or traced (dynamo evaluates the
-    check inside torch.func.vmap as well), which keep the whole-tensor ops path as before: the
-    core's ops have no vmap rule (the batched fallback cannot return the probability list) and,
-    like every op with Python-registered autograd, no functorch grad."""
-    return not _functorch_active()
 
 
 def _op(name: str):
     return getattr(torch.ops.te_fast, name).default
-
-
-def _run(fwd, x, mask, scale, rows):
-    """fwd(x[, mask], scale), on x.reshape(rows) and viewed back to x's shape when rows is given."""
-    xr = x if rows is None else x.reshape(rows)
-    y = fwd(xr, scale) if mask is None else fwd(xr, mask, scale)
-    return y if rows is None else y.view(x.shape)
-
-
-_PAIRS = (
-    {}
-    if UNAVAILABLE_REASON is not None
-    else {s.name: (_op(s.name), _op(s.backward)) for s in reg.OPS if s.kind == reg.SOFTMAX_FWD}
-)
-# y = <name>(x[, mask], scale) with dx = <name less _fwd>_bwd(dy, y, scale) recorded as one C++
-# autograd node (csrc/eager.cpp): (name, x, mask, scale, rows), rows as in softmax below.
-_EAGER_SOFTMAX = None if UNAVAILABLE_REASON is not None else _op("eager_softmax")
-
-
-def softmax(
-    name: str, x: torch.Tensor, mask: torch.Tensor | None, scale: float, rows: tuple | None = None
-) -> torch.Tensor:
-    """The te_fast softmax forward op ``name`` (e.g. "scaled_softmax_fwd") on x [, mask].
-
-    rows: run the op on x.view(rows) (x contiguous) and view the result back to x's shape.
-    """
-    if UNAVAILABLE_REASON is not None:
-        raise RuntimeError(UNAVAILABLE_REASON)
-    fwd, _ = _PAIRS[name]
-    if not plain_eager():
-        return _run(fwd, x, mask, scale, rows)
-    if torch.is_grad_enabled() and x.requires_grad:  # one C++ autograd node (csrc/eager.cpp)
-        return _EAGER_SOFTMAX(name, x, mask, scale, rows)
-    with _below_autograd():  # nothing to record: what the registered kernel would redispatch to
-        return _run(fwd, x, mask, scale, rows)
 
 
 # ----------------------------------------------------------------------------- the core
@@ -105,16 +44,17 @@ def softmax(
 # stay slices (traced through, the loop would be unrolled into the graph, its out= GEMMs
 # functionalized and the slices left to the compiler's scheduling: the trace of the
 # whole-tensor path peaked at more than twice the eager core's memory; docs/performance.md).
-# Both run the functions below.
+# Both run the functions below, which name the softmax by its kind (SOFTMAX_KINDS: the registry's
+# softmax forward rows less "_fwd"), as a trace's op arguments are strings, not callables.
 
-# The te_fast softmax kinds the core takes by name (a forward op's name less "_fwd"): a trace's
-# op arguments are strings, not callables.
-SOFTMAX_KINDS = (
-    "scaled_softmax",
-    "scaled_masked_softmax",
-    "scaled_upper_triang_masked_softmax",
-    "scaled_aligned_causal_masked_softmax",
-)
+
+def core_applies() -> bool:
+    """Whether the attention core may run: in plain eager calls (as ``_Core``) and in traces (as
+    the registered ops). Not under functorch transforms, eager or traced (dynamo evaluates the
+    check inside torch.func.vmap as well), which keep the whole-tensor ops path as before: the
+    core's ops have no vmap rule (the batched fallback cannot return the probability list) and,
+    like every op with Python-registered autograd, no functorch grad."""
+    return not _functorch_active()
 
 
 def scores_softmax(kind: str, scores, mask, scale: float):
@@ -234,13 +174,16 @@ def _core_forward(q, k, v, mask, softmax, scale, axis, bounds, keep_probs):
     return o, probs
 
 
+# dS = scaled_softmax_bwd(dP, P, scale): every te_fast softmax forward has that backward formula
+_SOFTMAX_BWD = None if UNAVAILABLE_REASON is not None else _op("scaled_softmax_bwd")
+
+
 def _core_backward(do, q, k, v, probs, scale, axis, bounds, needs):
     """(dq, dk, dv), None where ``needs`` (three bools) says no, slice by slice: dV = P^T dO,
     dP = dO V^T, dS = scaled_softmax_bwd(dP, P, scale) (every te_fast softmax has that backward),
     dQ = dS K, dK = dS^T Q; each gradient laid out in memory as its input is. Below autograd."""
     need_q, need_k, need_v = needs
     dq, dk, dv = _grads_like(q, k, v, needs)
-    softmax_bwd = _PAIRS["scaled_softmax_fwd"][1]
     for (lo, hi), p in zip(bounds, probs):
         do_c, q_c, k_c, v_c = (_take(t, axis, lo, hi) for t in (do, q, k, v))
         if need_v:
@@ -248,7 +191,7 @@ def _core_backward(do, q, k, v, probs, scale, axis, bounds, needs):
         if not (need_q or need_k):
             continue
         dp = _matmul_into(do_c, v_c.transpose(-2, -1), torch.empty_like(p))
-        ds = softmax_bwd(dp, p, scale)
+        ds = _SOFTMAX_BWD(dp, p, scale)
         del dp  # only one slice's dP and dS at a time
         if need_q:
             _matmul_into(ds, k_c, _take(dq, axis, lo, hi))
@@ -306,29 +249,8 @@ def core(q, k, v, mask, softmax, scale, plan):
 
 # ----------------------------------------------------------------------------- the core as ops
 # Defined here in Python rather than in csrc/ with the other ops: their kernels are the functions
-# above (te_fast softmax ops and aten GEMMs), one implementation for CPU and CUDA. Schema notes:
-# - softmax is a SOFTMAX_KINDS string (op arguments cannot be callables);
-# - the slices are ``axis`` and ``edges`` ([0, ..., b or h]), computed once by chunk_bounds where
-#   the call is traced and passed to the forward op, its fake, the backward op and its fake
-#   alike, so the number of slices (a list length, fixed in the graph) cannot disagree between
-#   them; with dynamic shapes the edges are SymInt expressions of the sizes (and the count is
-#   guarded), evaluated again on each call;
-# - the probabilities come back as one tensor per slice (never concatenated: that would be a
-#   copy as large as P), non-differentiable, to be passed back to the backward op;
-# - needs_exact_strides: the outputs are laid out as q (dq/dk/dv as q/k/v) are, so a compiler
-#   must hand the ops their inputs with the strides the fakes saw (inductor's default for custom
-#   ops today, stated here because correctness depends on it);
-# - the backward's unneeded gradients are None (``Tensor?``), like aten's output_mask ops.
-CORE_SCHEMAS = {
-    "attention_core": (
-        "(Tensor q, Tensor k, Tensor v, Tensor? mask, str softmax, float scale, int axis, "
-        "SymInt[] edges, bool keep_probs) -> (Tensor, Tensor[])"
-    ),
-    "attention_core_backward": (
-        "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor[] probs, float scale, int axis, "
-        "SymInt[] edges, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)"
-    ),
-}
+# above (te_fast softmax ops and aten GEMMs), one implementation for CPU and CUDA. Their names,
+# schemas (with notes), tags and backward ops are their rows in te_fast/_registry.py PYTHON_OPS.
 _CORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -446,11 +368,14 @@ def _setup_core_context(ctx, inputs, output):
     ctx.scale, ctx.axis, ctx.edges = scale, axis, edges
 
 
+_CORE_BACKWARD = reg.PYTHON_BY_NAME["attention_core"].backward  # attention_core_backward
+
+
 def _core_autograd_backward(ctx, grad_out, _grad_probs):
     q, k, v, *probs = ctx.saved_tensors
     grads = (None, None, None)
     if grad_out is not None:
-        grads = torch.ops.te_fast.attention_core_backward.default(
+        grads = _op(_CORE_BACKWARD)(
             grad_out, q, k, v, probs, ctx.scale, ctx.axis, ctx.edges, ctx.needs_input_grad[:3]
         )
     return (*grads, None, None, None, None, None, None)
@@ -464,25 +389,39 @@ def _no_double_backward(ctx, *grads):
     )
 
 
-# (getattr: a torch without the tag still registers the ops; inductor then keeps custom ops'
-# strides by default, as 2.11 and 2.13 do)
-_CORE_TAGS = tuple(t for t in (getattr(torch.Tag, "needs_exact_strides", None),) if t is not None)
+def _tags(spec: reg.PythonOpSpec) -> tuple:
+    """The row's torch.Tag values; a tag this torch lacks is skipped (getattr: a torch without
+    needs_exact_strides still registers the ops; inductor then keeps custom ops' strides by
+    default, as 2.11 and 2.13 do)."""
+    found = (getattr(torch.Tag, name, None) for name in spec.tags)
+    return tuple(t for t in found if t is not None)
+
+
+# name -> (kernel, fake, autograd backward, setup_context): what each row of PYTHON_OPS runs
+_KERNELS = {
+    "attention_core": (
+        _attention_core,
+        _attention_core_fake,
+        _core_autograd_backward,
+        _setup_core_context,
+    ),
+    "attention_core_backward": (
+        _attention_core_backward,
+        _attention_core_backward_fake,
+        _no_double_backward,
+        None,
+    ),
+}
 
 
 def _register_core_ops() -> None:
-    kernels = {
-        "attention_core": (_attention_core, _attention_core_fake),
-        "attention_core_backward": (_attention_core_backward, _attention_core_backward_fake),
-    }
-    for name, (kernel, fake) in kernels.items():
-        qualname = f"te_fast::{name}"
-        torch.library.define(qualname, CORE_SCHEMAS[name], tags=_CORE_TAGS)
+    for spec in reg.PYTHON_OPS:
+        kernel, fake, backward, setup_context = _KERNELS[spec.name]
+        qualname = f"te_fast::{spec.name}"
+        torch.library.define(qualname, spec.schema, tags=_tags(spec))
         torch.library.impl(qualname, ("cpu", "cuda"), kernel)
         torch.library.register_fake(qualname, fake)
-    torch.library.register_autograd(
-        "te_fast::attention_core", _core_autograd_backward, setup_context=_setup_core_context
-    )
-    torch.library.register_autograd("te_fast::attention_core_backward", _no_double_backward)
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context)
 
 
 if UNAVAILABLE_REASON is None:
