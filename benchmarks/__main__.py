@@ -27,6 +27,8 @@ examples:
   python -m benchmarks --smoke --out /tmp/bench-smoke   CPU harness check (timings mean nothing)
   python -m benchmarks compare NEW.json OLD.json        flag ratios that fell by more than 10%
   python -m benchmarks targets latest.json              the performance issue's targets on one run
+  python -m benchmarks readme [--check]                 README.md's performance section, made
+                                                        from benchmarks/latest.json
 
 exit codes: 0 ok; 1 a result is WRONG or a case raised (ERROR); 2 cannot run here
             (no CUDA, te_fast or triton unavailable); 3 a CUDA error or a harness
@@ -281,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import targets
 
         return targets.main(argv[1:])
+    if argv[:1] == ["readme"]:
+        from benchmarks import readme
+
+        return readme.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         plan = plan_from_args(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from suites.cases import DTYPES  # noqa: F401  (the one name -> dtype table)
+from te_conformance.suites.cases import DTYPES  # noqa: F401  (the one name -> dtype table)
 
 SECTIONS = ("softmax", "convert", "module", "small", "stack")
 SK_ALL = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)

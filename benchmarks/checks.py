@@ -92,3 +92,54 @@ def sample_blocks(b: int, h: int, sq: int, sk: int) -> list[tuple[int, int, torc
         (0, 0, torch.arange(0, r)),
         (b - 1, h - 1, torch.arange(sq - r, sq)),
     ]
+
+
+# ----------------------------------------------------------------------------- softmax op outputs
+
+
+def _masked_rows(masking: str, mask, bi: int, rows, sq: int, sk: int):
+    if masking == "mask":
+        return mask[bi, 0, rows]
+    if masking in ("upper_triang", "aligned_causal"):
+        return causal_masked(masking, rows, sq, sk)
+    return None
+
+
+def check_fwd(y4, x, mask, masking: str, scale: float) -> Check:
+    """y4 (b, h, sq, sk) against softmax_ref on sample rows, then the whole tensor: every row
+    sums to 1, or to 0 where it is fully masked (so NaN, zeroed or unnormalised rows show)."""
+    b, h, sq, sk = x.shape
+    bound = OP_BOUND[x.dtype]
+    err = 0.0
+    for bi, hi, rows in sample_blocks(b, h, sq, sk):
+        rows = rows.to(x.device)
+        ref = softmax_ref(x[bi, hi, rows], scale, _masked_rows(masking, mask, bi, rows, sq, sk))
+        err = max(err, relative_error(y4[bi, hi, rows], ref))
+    sums = y4.sum(-1, dtype=torch.float32)  # (b, h, sq)
+    rows_ok = (sums - _expected_sums(masking, mask, sq, sk, x.device)).abs() <= bound
+    if not bool(rows_ok.all()):  # also catches NaN/inf anywhere
+        bad = int((~rows_ok).sum())
+        return Check(False, float("inf"), bound, where=f"{bad} row sum(s) wrong")
+    return Check(err <= bound, err, bound)
+
+
+def _expected_sums(masking: str, mask, sq: int, sk: int, device) -> torch.Tensor:
+    """Every row of a softmax sums to 1, except fully masked rows (0); broadcasts to (b, h, sq)."""
+    if masking == "mask":
+        return (~mask.all(-1)).float()  # (b, 1, sq)
+    if masking == "aligned_causal":  # rows i < sq - sk keep no column
+        return (torch.arange(sq, device=device) >= sq - sk).float()  # (sq,)
+    return torch.ones((), device=device)  # none; upper_triang keeps column 0 in every row
+
+
+def check_bwd(dx4, dy4, y4, scale: float) -> Check:
+    b, h, sq, sk = y4.shape
+    bound = OP_BOUND[y4.dtype]
+    err = 0.0
+    for bi, hi, rows in sample_blocks(b, h, sq, sk):
+        rows = rows.to(y4.device)
+        ref = softmax_bwd_ref(dy4[bi, hi, rows], y4[bi, hi, rows], scale)
+        err = max(err, relative_error(dx4[bi, hi, rows], ref))
+    if not bool(torch.isfinite(dx4).all()):
+        return Check(False, float("inf"), bound, where="non-finite values")
+    return Check(err <= bound, err, bound)

@@ -6,10 +6,10 @@ import time
 
 import torch
 
-from benchmarks import checks, peers
+from benchmarks import checks, peers, te_peer
 from benchmarks.cases import CAUSAL_OPS, DTYPES, SCALE, SOFTMAX_OPS, SoftmaxOp
-from benchmarks.roofline import Traffic, softmax_traffic
 from benchmarks.runner import Fatal, Runner, base_row
+from benchmarks.softmax_case import SoftmaxCase
 from benchmarks.timing import time_calls
 
 
@@ -17,10 +17,6 @@ def _ops():
     from te_fast import ops  # looked up per call so a test can swap an op for a broken one
 
     return ops
-
-
-def _shape(t: torch.Tensor) -> str:
-    return "[" + ",".join(str(s) for s in t.shape) + "]"
 
 
 # ----------------------------------------------------------------------------- ceiling
@@ -64,113 +60,6 @@ def _fill(n: int, device: torch.device):
     return lambda: dst.fill_(1.0), lambda: bool((dst == 1.0).all()), n
 
 
-# ----------------------------------------------------------------------------- softmax checks
-
-
-def _masked_rows(masking: str, mask, bi: int, rows, sq: int, sk: int):
-    if masking == "mask":
-        return mask[bi, 0, rows]
-    if masking in ("upper_triang", "aligned_causal"):
-        return checks.causal_masked(masking, rows, sq, sk)
-    return None
-
-
-def check_fwd(y4, x, mask, masking: str, scale: float) -> checks.Check:
-    """y4 (b, h, sq, sk) against softmax_ref on sample rows, then the whole tensor: every row
-    sums to 1, or to 0 where it is fully masked (so NaN, zeroed or unnormalised rows show)."""
-    b, h, sq, sk = x.shape
-    bound = checks.OP_BOUND[x.dtype]
-    err = 0.0
-    for bi, hi, rows in checks.sample_blocks(b, h, sq, sk):
-        rows = rows.to(x.device)
-        ref = checks.softmax_ref(
-            x[bi, hi, rows], scale, _masked_rows(masking, mask, bi, rows, sq, sk)
-        )
-        err = max(err, checks.relative_error(y4[bi, hi, rows], ref))
-    sums = y4.sum(-1, dtype=torch.float32)  # (b, h, sq)
-    rows_ok = (sums - _expected_sums(masking, mask, sq, sk, x.device)).abs() <= bound
-    if not bool(rows_ok.all()):  # also catches NaN/inf anywhere
-        bad = int((~rows_ok).sum())
-        return checks.Check(False, float("inf"), bound, where=f"{bad} row sum(s) wrong")
-    return checks.Check(err <= bound, err, bound)
-
-
-def _expected_sums(masking: str, mask, sq: int, sk: int, device) -> torch.Tensor:
-    """Every row of a softmax sums to 1, except fully masked rows (0); broadcasts to (b, h, sq)."""
-    if masking == "mask":
-        return (~mask.all(-1)).float()  # (b, 1, sq)
-    if masking == "aligned_causal":  # rows i < sq - sk keep no column
-        return (torch.arange(sq, device=device) >= sq - sk).float()  # (sq,)
-    return torch.ones((), device=device)  # none; upper_triang keeps column 0 in every row
-
-
-def check_bwd(dx4, dy4, y4, scale: float) -> checks.Check:
-    b, h, sq, sk = y4.shape
-    bound = checks.OP_BOUND[y4.dtype]
-    err = 0.0
-    for bi, hi, rows in checks.sample_blocks(b, h, sq, sk):
-        rows = rows.to(y4.device)
-        ref = checks.softmax_bwd_ref(dy4[bi, hi, rows], y4[bi, hi, rows], scale)
-        err = max(err, checks.relative_error(dx4[bi, hi, rows], ref))
-    if not bool(torch.isfinite(dx4).all()):
-        return checks.Check(False, float("inf"), bound, where="non-finite values")
-    return checks.Check(err <= bound, err, bound)
-
-
-# ----------------------------------------------------------------------------- softmax cases
-
-
-class SoftmaxCase:
-    """Inputs of one (dtype, sk) case, shared by every op and peer: [b, h, sq, sk] with
-    sq = numel / (b*h*sk) (Plan.softmax_shape), or with square, [b, h, sk, sk] with
-    b = numel / (h*sk*sk) (Plan.square_shape), where te_fast's and TE's causal ops run on the
-    same tensors (TE's upper-triangular op requires sq == sk)."""
-
-    def __init__(self, r: Runner, dtype: str, sk: int, square: bool = False):
-        self.dtype, self.sk = dtype, sk
-        shape = r.plan.square_shape(dtype, sk) if square else r.plan.softmax_shape(dtype, sk)
-        b, h, sq, _ = shape
-        self.b, self.h, self.sq = b, h, sq
-        torch.manual_seed(sk * 7 + len(dtype))
-        td = DTYPES[dtype]
-        self.x = torch.randn(b, h, sq, sk, device=r.device, dtype=td)
-        self.dy = torch.randn(b, h, sq, sk, device=r.device, dtype=td)
-        self.misaligned = r.plan.misaligned
-        if self.misaligned:
-            self.x, self.dy = _one_element_in(self.x), _one_element_in(self.dy)
-        self.config = "square" if square else "misaligned" if self.misaligned else None
-        self.mask = torch.rand(b, 1, sq, sk, device=r.device) < 0.2  # True = masked out
-        self.ys: dict[str, torch.Tensor] = {}
-        self.shape = _shape(self.x)
-
-    def x_for(self, op: SoftmaxOp) -> torch.Tensor:
-        return self.x.view(self.b * self.h, self.sq, self.sk) if op.rank == 3 else self.x
-
-    def as4(self, t: torch.Tensor) -> torch.Tensor:
-        return t.view(self.b, self.h, self.sq, self.sk)
-
-    def traffic(self, masking: str, direction: str) -> Traffic:
-        """What an op of this masking must move on this case's tensors (roofline.py)."""
-        mask_bytes = self.mask.nbytes if masking == "mask" and direction == "fwd" else 0
-        return softmax_traffic(
-            masking, direction, tuple(self.x.shape), self.x.element_size(), mask_bytes
-        )
-
-    def row(self, op_name: str | None, impl: str) -> dict:
-        layout = {"config": self.config} if self.config else {}
-        return base_row(
-            "softmax", impl, op=op_name, **layout, dtype=self.dtype, sk=self.sk, shape=self.shape
-        )
-
-
-def _one_element_in(t: torch.Tensor) -> torch.Tensor:
-    """t's values in a contiguous tensor that starts one element past an aligned address."""
-    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    out = buf[1:].view(t.shape)
-    out.copy_(t)
-    return out
-
-
 def te_fast_fwd(r: Runner, c: SoftmaxCase, op: SoftmaxOp) -> None:
     row = c.row(f"{op.fwd}_fwd", "te_fast")
     with r.guard(row):
@@ -178,7 +67,7 @@ def te_fast_fwd(r: Runner, c: SoftmaxCase, op: SoftmaxOp) -> None:
         args = (c.x_for(op), c.mask, SCALE) if op.masking == "mask" else (c.x_for(op), SCALE)
         y = fn(*args)
         c.ys[op.name] = y
-        chk = check_fwd(c.as4(y), c.x, c.mask, op.masking, SCALE)
+        chk = checks.check_fwd(c.as4(y), c.x, c.mask, op.masking, SCALE)
         stats = time_calls(lambda: fn(*args), r.device, r.plan.reps, r.plan.warmup)
         r.op_bandwidth(row, stats, c.traffic(op.masking, "fwd"), chk)
 
@@ -193,7 +82,7 @@ def te_fast_bwd(r: Runner, c: SoftmaxCase, op: SoftmaxOp) -> None:
         y = c.ys[op.name]
         dy = c.dy.view(y.shape)
         dx = fn(dy, y, SCALE)
-        chk = check_bwd(c.as4(dx), c.dy, c.as4(y), SCALE)
+        chk = checks.check_bwd(c.as4(dx), c.dy, c.as4(y), SCALE)
         del dx
         stats = time_calls(lambda: fn(dy, y, SCALE), r.device, r.plan.reps, r.plan.warmup)
         r.op_bandwidth(row, stats, c.traffic(op.masking, "bwd"), chk)
@@ -203,7 +92,7 @@ def torch_fwd(r: Runner, c: SoftmaxCase) -> None:
     row = c.row("softmax_fwd", "torch.softmax")
     with r.guard(row):
         fn = lambda: torch.softmax(c.x, -1)
-        chk = check_fwd(fn(), c.x, None, "none", 1.0)
+        chk = checks.check_fwd(fn(), c.x, None, "none", 1.0)
         stats = time_calls(fn, r.device, r.plan.reps, r.plan.warmup)
         r.op_bandwidth(row, stats, c.traffic("none", "fwd"), chk)
 
@@ -216,7 +105,7 @@ def torch_bwd(r: Runner, c: SoftmaxCase) -> None:
         return
     with r.guard(row):
         fn = lambda: peers.torch_softmax_bwd(c.dy, y)
-        chk = check_bwd(fn(), c.dy, y, 1.0)
+        chk = checks.check_bwd(fn(), c.dy, y, 1.0)
         stats = time_calls(fn, r.device, r.plan.reps, r.plan.warmup)
         r.op_bandwidth(row, stats, c.traffic("none", "bwd"), chk)
 
@@ -230,7 +119,7 @@ def triton_fwd(r: Runner, c: SoftmaxCase) -> None:
         r.compiles.append(
             {"label": f"triton {c.dtype} sk={c.sk}", "seconds": round(time.perf_counter() - t0, 2)}
         )
-        chk = check_fwd(y, c.x, None, "none", SCALE)
+        chk = checks.check_fwd(y, c.x, None, "none", SCALE)
         del y
         stats = time_calls(lambda: softmax(c.x, SCALE), r.device, r.plan.reps, r.plan.warmup)
         r.op_bandwidth(row, stats, c.traffic("none", "fwd"), chk)
@@ -271,7 +160,7 @@ class InductorPeers:
                 expect_compile=plan.inductor == "static",
             )
             r.softmax_compile_s += entry["seconds"]
-            chk = check_fwd(
+            chk = checks.check_fwd(
                 y,
                 c.x,
                 c.mask if kind == "masked" else None,
@@ -305,8 +194,6 @@ def run_softmax(r: Runner) -> None:
                 inductor.run(c, "plain")
                 inductor.run(c, "masked")
             if "te" in plan.peers:
-                from benchmarks import te_peer  # Transformer Engine's own kernels
-
                 te_peer.run_case(r, c, SOFTMAX_OPS)
             for op in SOFTMAX_OPS:
                 te_fast_bwd(r, c, op)
@@ -332,8 +219,6 @@ def run_square(r: Runner) -> None:
             for op in CAUSAL_OPS:
                 te_fast_fwd(r, c, op)
             if "te" in r.plan.peers:
-                from benchmarks import te_peer
-
                 te_peer.run_case(r, c, CAUSAL_OPS)
             for op in CAUSAL_OPS:
                 te_fast_bwd(r, c, op)

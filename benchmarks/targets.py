@@ -11,7 +11,7 @@ as the fraction of the copy ceiling, times against the peers timed in that run. 
   with --sk, --dtypes or --only, or one stopped early, shows no more than it ran).
 The cases are the issue's, not the run's: a target covers its full set of row lengths, dtypes and
 configurations whatever the run chose. Numerics (the issue's target 7) are the suites' to judge
-(`python -m reports run`), not this tool's. A target marked "reported" (8b) is shown with its
+(`python -m te_conformance run`), not this tool's. A target marked "reported" (8b) is shown with its
 verdict but does not decide the exit code.
 Exit codes: 0 every asserted target met; 1 one NOT met or incomplete; 2 an unreadable file.
 """
@@ -342,8 +342,8 @@ def render(run: dict, targets: list[Target], misses: int = 8) -> list[str]:
         "Targets 5 and 6 time host-bound steps, which swing by 20% and more from run to run on the "
         "H200 machine when each side is timed in its own stretch: 5 and 6a are read from paired "
         "rounds (te_fast and the composite alternating) where the run has them (since 2026-12-05). "
-        "Target 7 (numerics) is the suites' to judge: `python -m reports run`. Targets 8 and 8b "
-        "read the module section's roofline rows; a run without them (an older one) "
+        "Target 7 (numerics) is the suites' to judge: `python -m te_conformance run`. Targets 8 "
+        "and 8b read the module section's roofline rows; a run without them (an older one) "
         "leaves them incomplete. Targets 1 and 2 read each softmax row's fraction of its "
         "must-move roofline (a run from before it: of the copy ceiling, full rows).",
     ]

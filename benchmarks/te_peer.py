@@ -4,7 +4,7 @@ One forward and one backward row per te_fast softmax op of the case, on the very
 runs on, for the dtypes and shapes TE runs (fp16/bf16, sk <= 16384; the upper-triangular op only
 where sq == sk: the square cases, ops_bench.run_square); every other case is a skip row with
 TE's reason, and one skip row per case says why when the library is not built; a --misaligned
-run has no te rows. Bytes are counted as for te_fast's rows (SoftmaxCase.traffic).
+run has no te rows. Bytes are counted as for te_fast's rows (softmax_case.SoftmaxCase.traffic).
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 
 from benchmarks.cases import SCALE, SoftmaxOp
-from benchmarks.ops_bench import SoftmaxCase, check_bwd, check_fwd
+from benchmarks.checks import check_bwd, check_fwd
 from benchmarks.runner import Runner
+from benchmarks.softmax_case import SoftmaxCase
 from benchmarks.timing import time_calls
 
 
 def _te():
-    from suites.adapters import te_kernels
+    from te_conformance.suites.adapters import te_kernels
 
     return te_kernels
 

@@ -222,7 +222,7 @@ def test_te_runs_on_te_fasts_tensors(tmp_path, monkeypatch, capsys):
     elsewhere), and TE's rows count the bytes te_fast's do. TE is stood in for by its own shape
     rules (te_kernels.not_supported_reasons) and te_fast's arithmetic."""
     from benchmarks import te_peer
-    from suites.adapters import te_kernels
+    from te_conformance.suites.adapters import te_kernels
 
     inputs: dict[str, set] = {}  # "te_fast"/"te" -> {(op, data_ptr, shape)}
     real = {op.name: getattr(te_fast.ops, op.fwd) for op in SOFTMAX_OPS}
@@ -310,13 +310,13 @@ def test_wrong_op_is_marked_wrong(tmp_path, monkeypatch, capsys, op, broken, bad
 
 def test_wrong_module_is_marked_wrong(tmp_path, monkeypatch):
     """The module's causal path goes through the upper-triangular op: break it where the module
-    takes it from (te_fast/_eager.py: its table of forward and backward ops, and the C++ autograd
-    node that calls the forward by name when a gradient is wanted)."""
-    from te_fast import _eager
+    takes it from (te_fast/_eager_softmax.py: its table of forward and backward ops, and the C++
+    autograd node that calls the forward by name when a gradient is wanted)."""
+    from te_fast import _eager_softmax
 
     name = "scaled_upper_triang_masked_softmax_fwd"
-    monkeypatch.setitem(_eager._PAIRS, name, (_not_causal, _eager._PAIRS[name][1]))
-    eager_softmax = _eager._EAGER_SOFTMAX
+    monkeypatch.setitem(_eager_softmax._PAIRS, name, (_not_causal, _eager_softmax._PAIRS[name][1]))
+    eager_softmax = _eager_softmax._EAGER_SOFTMAX
 
     def broken_eager(fwd, x, mask, scale, rows):
         y = eager_softmax(fwd, x, mask, scale, rows)
@@ -324,7 +324,7 @@ def test_wrong_module_is_marked_wrong(tmp_path, monkeypatch):
             return y
         return y + (_not_causal(x.detach(), scale) - y.detach())  # not causal, y's autograd
 
-    monkeypatch.setattr(_eager, "_EAGER_SOFTMAX", broken_eager)
+    monkeypatch.setattr(_eager_softmax, "_EAGER_SOFTMAX", broken_eager)
     code, result = _run(tmp_path, "--only", "small")
     assert code == 1
     status = {r["impl"]: r["status"] for r in result["rows"]}
@@ -392,7 +392,7 @@ def test_op_checks_with_more_rows_than_columns(op):
     """The GPU shapes at short rows have sq >> sk: aligned-causal rows i < sq - sk are fully
     masked (sum 0), the rest sum to 1. A real te_fast result passes, a zeroed row fails even
     where the sampled rows do not reach it."""
-    from benchmarks.ops_bench import check_bwd, check_fwd
+    from benchmarks.checks import check_bwd, check_fwd
 
     b, h, sq, sk, scale = 2, 3, 40, 16, 0.3
     x = torch.randn(b, h, sq, sk, dtype=torch.bfloat16)
@@ -524,7 +524,7 @@ def test_gpu_ab_refuses_cleanly_without_a_gpu(tmp_path):
 def test_misaligned_run_names_its_rows_and_offsets_its_inputs(tmp_path, capsys):
     """--misaligned: softmax inputs one element past an aligned address (so that te_fast takes
     its one-element kernels on a GPU), rows named .../misaligned/..., results still checked."""
-    from benchmarks.ops_bench import _one_element_in
+    from benchmarks.softmax_case import _one_element_in
 
     t = torch.randn(3, 5, dtype=torch.bfloat16)
     moved = _one_element_in(t)
@@ -576,3 +576,17 @@ def test_paired_wall_times_each_side_in_turn():
     # 2x by construction; a loaded machine's late wake-ups (a few ms) move a round, not the median
     assert p.rounds == 5 and 1.4 < p.ratio < 2.8 and p.q1 <= p.ratio <= p.q3
     assert "".join(calls) == "aabb" + "bbaa" + "aabb" + "bbaa" + "aabb"  # blocks, alternating
+
+
+def test_host_overhead_tool_runs(capsys):
+    from benchmarks import host_overhead
+
+    assert (
+        host_overhead.main(["--layers", "1", "--rounds", "2", "--block", "1", "--dtype", "fp32"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "te_fast" in out and "composite" in out and "paired ratio" in out
+    if not torch.cuda.is_available():  # the GPU form says so, and exits 2, on a CPU machine
+        assert host_overhead.main(["--device", "cuda", "--rounds", "2"]) == 2
+        assert "needs a CUDA device" in capsys.readouterr().out
