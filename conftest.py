@@ -3,4 +3,4 @@ known failures, the report plugin). An installed project registers it through it
 entry point under this same name, so naming it here too registers it once; this line is what
 loads it where the entry point is not installed or autoloading is off."""
 
-pytest_plugins = ["suites.plugin"]
+pytest_plugins = ["te_conformance.suites.plugin"]

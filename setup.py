@@ -3,7 +3,7 @@
 import glob
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -66,7 +66,24 @@ def get_extensions():
     ]
 
 
+def get_packages() -> tuple[list[str], dict[str, str]]:
+    """(packages, package_dir): te_ref and te_fast under their own names; the checkout's suites/
+    and reports/ as te_conformance.suites and te_conformance.reports, names that cannot collide
+    with another project's (te_conformance/__init__.py)."""
+    packages = find_packages(include=["te_ref", "te_ref.*", "te_fast", "te_fast.*"])
+    packages.append("te_conformance")
+    folders = {"suites": "te_conformance.suites", "reports": "te_conformance.reports"}
+    for folder, name in folders.items():
+        found = find_packages(include=[folder, folder + ".*"])
+        packages += [name + p[len(folder):] for p in found]
+    return packages, {name: folder for folder, name in folders.items()}
+
+
+PACKAGES, PACKAGE_DIR = get_packages()
+
 setup(
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
     ext_modules=get_extensions(),
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
 )

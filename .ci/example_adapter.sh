@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The third-party route, end to end, for one of the example packages: install the project and
 # examples/EXAMPLE (a package of its own declaring a te_conformance.adapters entry point) into the
-# CI venv, then gate it from a directory outside the checkout with `python -m reports run --impl
+# CI venv, then gate it from a directory outside the checkout with `python -m te_conformance run --impl
 # EXAMPLE`, twice: without a baseline (a first run: must say NO BASELINE and exit 0, every case
 # having passed, skipped or failed as a declared difference), then recording one (must say PASS
 # and exit 0). Each time the printed verdict and the exit code must agree, and the cases must be
@@ -29,7 +29,7 @@ case "$example" in
   *) echo "example_adapter: unknown example $example (my_attention, hf_sdpa)" >&2; exit 2 ;;
 esac
 
-if ! "$py" -c "import suites.plugin, te_fast" 2>/dev/null; then
+if ! "$py" -c "import te_conformance.suites.plugin, te_fast" 2>/dev/null; then
   "$py" -m pip install -q --no-build-isolation -e "$repo[test,report]"
 fi
 # not editable: the entry point must come from an installed distribution's metadata
@@ -38,14 +38,14 @@ work=$(mktemp -d)
 trap '"$py" -m pip uninstall -q -y "$dist"; rm -rf "$work"' EXIT
 cd "$work"  # no conftest.py, pyproject.toml or suites/ of the checkout here
 
-gate() {  # gate EXPECTED_VERDICT EXPECTED_EXIT [reports run arguments...]
+gate() {  # gate EXPECTED_VERDICT EXPECTED_EXIT [te_conformance run arguments...]
   local want=$1 want_rc=$2 rc=0
   shift 2
-  "$py" -m reports run --impl "$example" --machine-class cpu --out out "$@" -- -k "$subset" \
+  "$py" -m te_conformance run --impl "$example" --machine-class cpu --out out "$@" -- -k "$subset" \
     >log.txt 2>&1 || rc=$?
   local verdict
   verdict=$(grep -A1 "TE conformance verdict" log.txt | tail -1)
-  echo "reports run --impl $example $*: verdict $verdict, exit $rc"
+  echo "te_conformance run --impl $example $*: verdict $verdict, exit $rc"
   if [ "$verdict" != "$want" ] || [ "$rc" != "$want_rc" ] \
      || { [ "$verdict" = PASS ] && [ "$rc" != 0 ]; } || { [ "$verdict" = FAIL ] && [ "$rc" = 0 ]; }; then
     tail -40 log.txt
@@ -63,7 +63,7 @@ example = os.environ["EXAMPLE"]
 report = json.load(open(sys.argv[1]))
 cases = {c["nodeid"]: c for c in report["cases"]}
 ran = [c for c in cases.values() if c["adapter"] == example and c["outcome"] == "passed"]
-assert f"suites/test_attention.py::test_core[bshd_bshd_bshd-fp32-causal-cpu-{example}]" in cases
+assert f"suites/conformance/test_attention.py::test_core[bshd_bshd_bshd-fp32-causal-cpu-{example}]" in cases
 assert len(ran) >= 5, len(ran)  # my_attention: 9 on its subset; hf_sdpa: 58
 declared = {
     "hf_sdpa": {
@@ -73,7 +73,7 @@ declared = {
     },
 }.get(example, {})
 for name, reason in declared.items():
-    case = cases[f"suites/test_attention.py::{name}"]
+    case = cases[f"suites/conformance/test_attention.py::{name}"]
     assert case["outcome"] == "xfailed", (name, case["outcome"])
     mine = [e for e in case["expected"] if e.get("source") == "declared"]
     assert any(e["adapter"] == example and reason in e["reason"]

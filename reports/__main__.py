@@ -1,4 +1,5 @@
-"""Command line: python -m reports run | compare | merge | rename | render | screenshot | matrix."""
+"""Command line: python -m te_conformance run | compare | merge | rename | render | screenshot |
+matrix."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-from reports import baseline as reports_baseline
-from reports import env
-from reports.compare import (
+from te_conformance.reports import baseline as reports_baseline
+from te_conformance.reports import env
+from te_conformance.reports.compare import (
     CATEGORIES,
     DEFAULT_FACTOR,
     DEFAULT_MIN_RATIO,
@@ -24,8 +25,8 @@ from reports.compare import (
     compare,
     format_comparison,
 )
-from reports.merge import inconsistencies, merge_reports
-from reports.model import (
+from te_conformance.reports.merge import inconsistencies, merge_reports
+from te_conformance.reports.model import (
     DEFAULT_SCOPE,
     ReportError,
     failures,
@@ -34,7 +35,7 @@ from reports.model import (
     run_scope,
     write_report,
 )
-from reports.render import (
+from te_conformance.reports.render import (
     adapter_counts,
     expected_rows,
     fingerprint_text,
@@ -42,45 +43,24 @@ from reports.render import (
     render,
     summary_line,
 )
-from reports.verdict import Verdict
+from te_conformance.reports.verdict import Verdict
 
 BASELINE_DIR = Path("reports/baseline")
-# The suites and tests that take --impl (their adapter axis): what `run --impl NAME` gates by
-# default (tests/test_reports_unit.py checks that every suite test with an `adapter` argument is
-# here). A whole file where every test has the axis; else its adapter tests, by name.
-IMPL_SUITES = (
-    "suites/test_attention.py",
-    "suites/test_compile.py",
-    "suites/test_semantics.py",
-    "suites/test_semantics_values.py",
-    "suites/test_dropout.py",
-    "suites/test_fp8.py::test_fp8_matches_reference_emulation",
-    "suites/test_fp8.py::test_fp8_grouped_heads",
-    "suites/test_fp8.py::test_fp8_close_to_f16",
-    "suites/test_fp8.py::test_delayed_scaling_three_steps",
-    "suites/test_fp8.py::test_hybrid_uses_e5m2_in_backward",
-    "suites/test_determinism.py::test_module_determinism",
-    "suites/test_determinism.py::test_module_dropout_same_seed",
-    "suites/test_bad_input.py::test_module_rule",
-    "suites/test_bad_input.py::test_batch_neither_one_nor_b",
-    "suites/test_fuzz.py::test_fuzz_module",
-)
-
 EPILOG = """\
 examples:
-  python -m reports run                          run the suites (suites/, -n auto), render, gate
-  python -m reports run -- -k bf16 -x            everything after -- goes to pytest
-  python -m reports run --update-baseline        run and make this run the baseline
-  python -m reports run --update-baseline --accept-loss "TE 2.21 drops fp8 on CPU"
+  python -m te_conformance run                          run the suites (-n auto), render, gate
+  python -m te_conformance run -- -k bf16 -x            everything after -- goes to pytest
+  python -m te_conformance run --update-baseline        run and make this run the baseline
+  python -m te_conformance run --update-baseline --accept-loss "TE 2.21 drops fp8 on CPU"
                                                  ... though it lost coverage (recorded in it)
-  python -m reports run --impl transformer_engine gate an installed Transformer Engine
-  python -m reports compare new.json reports/baseline/h100.json
-  python -m reports merge s1.json s2.json s3.json -o merged.json
-  python -m reports rename reports/baseline/cpu.json test_x::test_old test_x::test_new
+  python -m te_conformance run --impl transformer_engine gate an installed Transformer Engine
+  python -m te_conformance compare new.json reports/baseline/h100.json
+  python -m te_conformance merge s1.json s2.json s3.json -o merged.json
+  python -m te_conformance rename reports/baseline/cpu.json test_x::test_old test_x::test_new
                                                  carry a renamed test's baseline cases over
-  python -m reports render reports/latest/report.json
-  python -m reports screenshot reports/latest/report.json -o docs/report_h100.png
-  python -m reports matrix runs/*/report.json --out reports/matrix
+  python -m te_conformance render reports/latest/report.json
+  python -m te_conformance screenshot reports/latest/report.json -o docs/report_h100.png
+  python -m te_conformance matrix runs/*/report.json --out reports/matrix
                                                  the conformance matrix of several adapters' runs
 
 exit codes: 0 pass (or no baseline yet and nothing failed); 1 failing cases, regressions
@@ -123,7 +103,7 @@ def _float_opts(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with its four subcommands."""
     parser = argparse.ArgumentParser(
-        prog="python -m reports",
+        prog="python -m te_conformance",
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
@@ -156,9 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME",
         help="gate this adapter (repeatable): a registered name, an installed adapter's entry "
-        "point name (te_conformance.adapters) or package.module:Class; passed to pytest, runs "
-        f"{', '.join(IMPL_SUITES)} unless pytest paths are given, and compares with the "
-        "adapter's own baseline",
+        "point name (te_conformance.adapters) or package.module:Class; passed to pytest, where "
+        "it selects the tests that take an adapter (the conformance suites), and compares with "
+        "the adapter's own baseline",
     )
     run.add_argument(
         "--machine-class",
@@ -252,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="carry a renamed or moved test's baseline cases over to its new case key",
         description="Record in BASELINE that the case key OLD is now NEW (case keys: the test "
         "file's stem, then the node id's names and parameters, e.g. "
-        "test_attention::test_core[bf16-...]). OLD without parameters renames every case of that "
+        "test_x::test_y[bf16-...]). OLD without parameters renames every case of that "
         "test function. Exit 0 when recorded, 2 when BASELINE has no such case.",
     )
     ren.add_argument("baseline", metavar="BASELINE", help="a baseline file")
@@ -264,9 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
         "matrix",
         allow_abbrev=False,
         help="draw the conformance matrix: features against implementations",
-        description="Read the report.json of one run per implementation (python -m reports run "
-        "--impl NAME) and write matrix.md, matrix.html, matrix.png (with matplotlib) and "
-        "matrix.json: a row per feature (reports/matrix.py FEATURES), a column per implementation "
+        description="Read the report.json of one run per implementation (python -m "
+        "te_conformance run --impl NAME) and write matrix.md, matrix.html, matrix.png (with "
+        "matplotlib) and matrix.json: a row per feature of the catalogue the runs recorded, a "
+        "column per implementation "
         "(te_fast, torch.sdpa, flex_attention, transformer_engine, then any other), each cell "
         "conformant, not conformant (failing count, one reproducer), a recorded deviation, not "
         "supported (the most common skip reason) or not run. Exit 0 when drawn, 2 on input that "
@@ -294,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _accept_command(new: Path, baseline: Path) -> str:
     return shlex.join(
-        ["python", "-m", "reports", "compare", str(new), str(baseline), "--update-baseline"]
+        ["python", "-m", "te_conformance", "compare", str(new), str(baseline), "--update-baseline"]
     )
 
 
@@ -381,7 +362,7 @@ def _compare_with_baseline(
             (
                 f"no baseline at {baseline}; to accept this run as the baseline:\n"
                 f"  {_accept_command(report_path, baseline)}\n"
-                f"  (or: python -m reports run --baseline {baseline} --update-baseline ...)"
+                f"  (or: python -m te_conformance run --baseline {baseline} --update-baseline ...)"
             ),
             "missing",
         )
@@ -423,12 +404,12 @@ def _run_pytest(cmd: list[str]) -> int:
 
 
 def _suite_args(paths: tuple[str, ...]) -> list[str]:
-    """IMPL_SUITES as pytest arguments: the checkout's paths where the run starts in one, else the
-    installed suites package's files, with the folder holding it as rootdir so that node ids read
-    as in the checkout (suites/test_attention.py::...)."""
+    """The default scope as pytest arguments: the checkout's paths where the run starts in one,
+    else the installed suites package's files, with the folder holding it as rootdir so that
+    node ids read as in the checkout (suites/conformance/test_x.py::...)."""
     if all(Path(p.partition("::")[0]).exists() for p in paths):
         return list(paths)
-    spec = importlib.util.find_spec("suites")
+    spec = importlib.util.find_spec("te_conformance.suites")
     if spec is None or not spec.submodule_search_locations:
         return list(paths)
     parent = Path(next(iter(spec.submodule_search_locations))).parent
@@ -445,9 +426,9 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     # (an --impl package.module:Class spec names its baseline with '.' for ':')
     name = ".".join([machine, *(n.replace(":", ".") for n in impls)])
     baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{name}.json"
-    # without paths, the default scope: the conformance suites (the adapter suites with --impl),
-    # never tests/ (the tool's own tests, `pytest -n auto tests`)
-    default = [] if _paths_given(pytest_args) else list(IMPL_SUITES if impls else DEFAULT_SCOPE)
+    # without paths, the default scope: the suites (with --impl, the suites' plugin keeps the
+    # tests that take an adapter), never tests/ (the tool's own tests, `pytest -n auto tests`)
+    default = [] if _paths_given(pytest_args) else list(DEFAULT_SCOPE)
     if default:  # the checkout's paths, or the installed suites' (see _suite_args)
         pytest_args = [*pytest_args, "--te-default-paths", *_suite_args(tuple(default))]
     if impls:
@@ -455,7 +436,7 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     report_path, junit = out / "report.json", out / "junit.xml"
     report_path.unlink(missing_ok=True)  # a stale report must not stand in for this run's
 
-    cmd = [sys.executable, "-m", "pytest", "-p", "reports.plugin"]
+    cmd = [sys.executable, "-m", "pytest", "-p", "te_conformance.reports.plugin"]
     if not _workers_chosen(pytest_args) and importlib.util.find_spec("xdist"):
         cmd += ["-n", "auto"]
     cmd += [
@@ -598,7 +579,7 @@ def cmd_screenshot(args: argparse.Namespace, _: list[str]) -> int:
     """Render, check in Chromium, write the screenshot."""
     import tempfile
 
-    from reports.browser import BrowserError, check_page, tag_png
+    from te_conformance.reports.browser import BrowserError, check_page, tag_png
 
     report = load_report(args.report)
     with tempfile.TemporaryDirectory(prefix="te-report-") as tmp:
@@ -626,7 +607,7 @@ def cmd_screenshot(args: argparse.Namespace, _: list[str]) -> int:
 
 def cmd_matrix(args: argparse.Namespace, _: list[str]) -> int:
     """Write the conformance matrix of several runs."""
-    from reports import matrix as mx
+    from te_conformance.reports import matrix as mx
 
     runs = mx.load_runs(args.reports)
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from reports import baseline, env
-from reports.baseline import Baseline, Entry
-from reports.model import FAILING, WHOLE, Scope, SelectionError, fmt_ratio, run_scope
+from te_conformance.reports import baseline, env
+from te_conformance.reports.baseline import Baseline, Entry
+from te_conformance.reports.model import FAILING, WHOLE, Scope, SelectionError, fmt_ratio, run_scope
 
 # name -> (title, whether it is a regression)
 CATEGORIES = {

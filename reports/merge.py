@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from reports.model import ReportError, build_report, interrupted
+from te_conformance.reports.model import ReportError, build_report, interrupted
 
 
 def _shard(source: str, report: dict) -> tuple[int, int]:

@@ -15,8 +15,8 @@ SCHEMA = "te-conformance-report"
 SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "skipped", "error", "xfailed", "xpassed")
 FAILING = ("failed", "error")
-# What `python -m reports run` judges when no paths are given: the conformance suites, never the
-# tool's own tests (tests/, run by `pytest -n auto tests`).
+# What `python -m te_conformance run` judges when no paths are given: the suites, never the tool's
+# own tests (tests/, run by `pytest -n auto tests`).
 DEFAULT_SCOPE = ("suites",)
 
 
@@ -26,8 +26,8 @@ class ReportError(Exception):
 
 def case_key(nodeid: str) -> str:
     """A case's stable key: its test file's stem, then the node id's names and parameters
-    ('suites/test_attention.py::test_core[bf16]' -> 'test_attention::test_core[bf16]'). It does
-    not change with the rootdir, the directory the suites are installed in, or a move of the file
+    ('suites/conformance/test_x.py::test_y[bf16]' -> 'test_x::test_y[bf16]'). It does not change
+    with the rootdir, the directory the suites are installed in, or a move of the file
     to another folder; baselines are keyed by it (reports.baseline), and a renamed test is carried
     over by the baseline's rename map."""
     path, sep, rest = nodeid.partition("::")

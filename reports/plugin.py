@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reports import env, record
-from reports.model import build_report, case_key, write_report
+from te_conformance.reports import env, record
+from te_conformance.reports.model import build_report, case_key, write_report
 
 MAX_LONGREPR = 4000
 
@@ -37,8 +37,8 @@ def pytest_addoption(parser):
         "--te-default-paths",
         action="store_true",
         default=False,
-        help="(set by `python -m reports run`) the paths are its default scope: without -k/-m/"
-        "--deselect this is a full run, whose missing baseline cases count",
+        help="(set by `python -m te_conformance run`) the paths are its default scope: without "
+        "-k/-m/--deselect this is a full run, whose missing baseline cases count",
     )
     group.addoption(
         "--te-machine-class",
@@ -79,6 +79,16 @@ def selection_tags(item) -> dict:
     callspec = getattr(item, "callspec", None)
     names -= {item.name, getattr(callspec, "id", None)}
     return {"marks": marks, "keywords": sorted(n for n in names if isinstance(n, str))}
+
+
+def package_name(folder: Path) -> str | None:
+    """The dotted name of the package a folder is (its __init__.py and its parents'), or None:
+    how the run's node ids import from elsewhere (reports.render's reproducers)."""
+    parts = []
+    while (folder / "__init__.py").is_file():
+        parts.append(folder.name)
+        folder = folder.parent
+    return ".".join(reversed(parts)) or None
 
 
 def adapter_name(item) -> str | None:
@@ -234,7 +244,12 @@ def selection(config) -> dict:
 
 
 class Hooks:
-    """The hook through which a suite plugin tells the report what it judges."""
+    """The hooks through which a suite plugin tells the report what it judges."""
+
+    @pytest.hookspec(firstresult=True)
+    def pytest_te_report_features(self, config) -> list[dict] | None:
+        """The feature catalogue, [{"key", "group", "label", "rule"}], that the cases'
+        recorded ``features`` refer to (the conformance matrix's rows)."""
 
     @pytest.hookspec(firstresult=True)
     def pytest_te_report_impls(self, config) -> list[dict] | None:
@@ -299,6 +314,7 @@ class ReportWriter:
         self.start = time.time()
         self.environment: dict = {}
         self.threads: set[int] = set()  # torch's threads in the processes that ran tests
+        self.defined: dict[str, dict] = {}  # features the cases' tests define (not catalogued)
 
     def pytest_sessionstart(self, session):
         self.start = time.time()
@@ -311,15 +327,19 @@ class ReportWriter:
         self.environment["selection"] = selection(self.config)
         self.environment["started_in"] = str(self.config.invocation_params.dir)
         self.environment["rootdir"] = str(self.config.rootpath)
+        self.environment["rootdir_package"] = package_name(Path(self.config.rootpath))
         try:
             impls = self.config.hook.pytest_te_report_impls(config=self.config)
         except Exception:  # an --impl that does not resolve: collection reports it, and the
             impls = None  # report is written all the same
         if impls is not None:
-            # environment.impls: the names (python -m reports matrix puts the run in those
+            # environment.impls: the names (python -m te_conformance matrix puts the run in those
             # columns); impl_versions: what was judged, name -> version
             self.environment["impls"] = [i["name"] for i in impls]
             self.environment["impl_versions"] = {i["name"]: i.get("version") for i in impls}
+        catalogue = self.config.hook.pytest_te_report_features(config=self.config)
+        if catalogue is not None:  # the rows the cases' recorded features name
+            self.environment["features"] = record._plain(catalogue)
 
     def _add(self, report) -> None:
         t = self.tests.setdefault(
@@ -373,6 +393,10 @@ class ReportWriter:
         environ: dict = {}
         item: dict = {}
         expected: list = []
+        features: list = []
+        declared: set = set()  # the test's own (its feature markers), which a case keeps
+        skip: dict | None = None
+        reproducer = None  # a command that shows the failure on its own, where the test noted one
         for entry in t["props"]:
             if len(entry) != 2 or entry[0] != record.PROPERTY_KEY or not isinstance(entry[1], dict):
                 continue
@@ -389,6 +413,19 @@ class ReportWriter:
             elif kind == "expected":
                 if payload not in expected:
                     expected.append(payload)
+            elif kind == "features":
+                for row in payload.get("defines") or []:  # a feature its test defines
+                    if isinstance(row, dict) and isinstance(row.get("key"), str):
+                        self.defined.setdefault(row["key"], row)
+                if payload.get("declared"):
+                    declared.update(payload.get("keys") or [])
+                if payload.get("replace"):  # the recorded ones before it were another case's
+                    features = [k for k in features if k in declared]
+                features += [k for k in payload.get("keys") or [] if k not in features]
+            elif kind == "reproducer":
+                reproducer = payload.get("command")
+            elif kind == "skip":
+                skip = {"kind": payload.get("skip_kind"), "reasons": payload.get("reasons") or []}
             elif kind == "counters":
                 # Several calls (e.g. forward, then backward) add up.
                 for k, v in payload.items():
@@ -398,6 +435,11 @@ class ReportWriter:
                     )
                     counters[k] = old + v if both_num else v
         texts = t["texts"]
+        if t["outcome"] == "skipped" and skip is None:  # a skip no suite classified
+            skip = {"kind": "unrecorded", "reasons": [{"text": t["skip_reason"] or "-",
+                                                       "feature": None}]}  # fmt: skip
+        if t["outcome"] != "skipped":
+            skip = None  # a skip reason recorded by a test that then ran on
         if environ.get("torch_threads") is not None:
             self.threads.add(environ["torch_threads"])
         return record._plain(
@@ -409,6 +451,9 @@ class ReportWriter:
                 "marks": item.get("marks"),
                 "keywords": item.get("keywords"),
                 "expected": expected,
+                "features": sorted(features),
+                "skip": skip,
+                "reproducer": reproducer,
                 "outcome": t["outcome"] or "error",
                 "fields": fields,
                 "tensors": tensors,
@@ -436,6 +481,11 @@ class ReportWriter:
             for nodeid, t in self.tests.items()
             if t["outcome"] is not None or not stopped
         ]
+        if self.defined:  # rows the cases define, after the catalogue's
+            known = {f.get("key") for f in self.environment.setdefault("features", [])}
+            self.environment["features"] += [
+                record._plain(row) for key, row in self.defined.items() if key not in known
+            ]
         fingerprint = self.environment.get("fingerprint")
         if isinstance(fingerprint, dict):  # the threads the tests ran with: one count, or all
             threads = sorted(self.threads)

@@ -68,18 +68,18 @@ def tensor(name: str, max_abs_err: float, bound: float, ratio: float, **extra: A
     )
 
 
-def expected_on(item, **payload: Any) -> None:
-    """Record on ``item`` (at collection, before it runs) an expected outcome the suites applied:
-    ``source`` ("known_failure", "te_deviation", "declared": an adapter's declared difference),
-    ``reason``, and where known ``adapter``, ``tensors`` (the tensors expected to fail),
-    ``defined_at`` ("path:line" of the declaration). The report lists them by source and
-    adapter; it never parses the xfail reason text."""
-    item.user_properties.append((PROPERTY_KEY, {"kind": "expected", **_plain(payload)}))
+def features(*keys: str, replace: bool = False) -> None:
+    """The features the running case exercises (the suites' catalogue keys; the report's
+    ``features``, with those its test declares); ``replace``: instead of those recorded by
+    earlier calls (the case that ran was another than the one first recorded)."""
+    _append("features", {"keys": [str(k) for k in keys], "replace": bool(replace)})
 
 
-def expected(**payload: Any) -> None:
-    """``expected_on`` for the running test (an expected outcome decided at run time)."""
-    _append("expected", _plain(payload))
+def skip(kind: str, reasons: list[dict]) -> None:
+    """Why the running case skips: ``kind`` ("declined": the implementation's adapter declines
+    it; "environment": this machine lacks a device, a package or a build; "inexpressible": the
+    combination does not exist) and ``reasons``, each {"text": ..., "feature": key or None}."""
+    _append("skip", {"skip_kind": str(kind), "reasons": _plain(reasons)})
 
 
 def counters(**values: Any) -> None:

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from reports.model import (
+from te_conformance.reports.model import (
     FAILING,
     OUTCOMES,
     bucket,
@@ -96,7 +96,8 @@ def summary_line(report: dict) -> str:
 
 
 def verdict_of(report: dict) -> dict | None:
-    """The release verdict stored by `python -m reports run` (None for a bare plugin report)."""
+    """The release verdict stored by `python -m te_conformance run` (None for a bare plugin
+    report)."""
     v = report.get("verdict")
     return v if isinstance(v, dict) and v.get("status") else None
 
@@ -112,51 +113,39 @@ def banner(report: dict) -> tuple[str, str]:
     return v["status"], f"Verdict: {v['status']}" + (f" — {'; '.join(why)}" if why else "")
 
 
-def normalise_reason(reason: str) -> str:
-    """A skip reason as one group: pytest's 'reason: ' prefix dropped, the parts of a multi-reason
-    string ('a; b') de-duplicated and sorted, so the same reasons in another order are one row."""
-    reason = (reason or "-").strip().removeprefix("reason: ").strip()
-    parts = sorted({p.strip() for p in reason.split("; ") if p.strip()})
-    return "; ".join(parts) or "-"
+def skip_kind(case: dict) -> str:
+    """A skipped case's recorded kind (reports.record.skip), "xfail" for an xfailed one."""
+    if case["outcome"] == "xfailed":
+        return "xfail"
+    return (case.get("skip") or {}).get("kind") or "unrecorded"
 
 
-# A TE deviation xfail (suites/te_deviations): "TE deviation <ID>: <title> [TE <file:lines>]
-# reproducer: <one line>", and TE fallbacks, a classified outcome: "TE fallback: <what>".
-TE_DEVIATION = re.compile(
-    r"^TE deviation (?P<id>[^\s:]+):\s*(?P<title>.*?)\s*(?:\[TE (?P<where>[^\]]*)\])?\s*"
-    r"(?:reproducer:\s*(?P<repro>.*))?$",
-    re.DOTALL,
-)
-TE_FALLBACK = re.compile(
-    r"^TE fallback:\s*(?P<title>.*?)\s*(?:\[TE (?P<where>[^\]]*)\])?\s*"
-    r"(?:reproducer:\s*(?P<repro>.*))?$",
-    re.DOTALL,
-)
-# a case that several deviations explain has their reasons joined ("; " or " | ")
-TE_PARTS = re.compile(r"\s*(?:;|\|)\s*(?=TE (?:deviation |fallback: ))")
+def skip_text(case: dict) -> str:
+    """A skipped or xfailed case's reasons as one group: the recorded reasons (skip.reasons), each
+    once and sorted, so the same reasons in another order are one row; else its reason text."""
+    found = (case.get("skip") or {}).get("reasons") or []
+    texts = sorted({str(r.get("text")) for r in found if isinstance(r, dict) and r.get("text")})
+    if texts and case["outcome"] != "xfailed":
+        return "; ".join(texts)
+    return (case.get("skip_reason") or "-").strip().removeprefix("reason: ").strip() or "-"
 
 
 def te_deviations_of(case: dict) -> list[dict]:
-    """[{id, title, where, reproducer}] of the TE deviations and fallbacks that explain an
-    xfailed case (empty for any other case)."""
+    """[{id, title, where, reproducer}] of the TE deviations (source "te_deviation" of the
+    case's ``expected`` records) that explain an xfailed case; empty for any other case."""
     if case["outcome"] != "xfailed":
         return []
-    reason = (case.get("skip_reason") or "").strip().removeprefix("reason: ").strip()
     found = []
-    for part in TE_PARTS.split(reason):
-        m, fallback = TE_DEVIATION.match(part), TE_FALLBACK.match(part)
-        if m is None and fallback is None:
-            continue
-        m = m or fallback
-        found.append({
-            "id": "fallback" if fallback else m["id"], "title": m["title"],
-            "where": m["where"] or "-", "reproducer": (m["repro"] or "-").strip(),
-        })  # fmt: skip
+    for e in case.get("expected") or []:
+        if e.get("source") == "te_deviation":
+            found.append({"id": str(e.get("id") or "-"), "title": e.get("title") or e.get("reason")
+                          or "-", "where": e.get("where") or "-",
+                          "reproducer": e.get("reproducer") or "-"})  # fmt: skip
     return found
 
 
 def te_deviation(case: dict) -> dict | None:
-    """The first TE deviation or fallback that explains an xfailed case, or None."""
+    """The first TE deviation that explains an xfailed case, or None."""
     found = te_deviations_of(case)
     return found[0] if found else None
 
@@ -166,8 +155,7 @@ def te_deviation_rows(report: dict) -> list[list]:
     groups: dict[tuple[str, str], dict] = {}
     for c in report["cases"]:
         for d in te_deviations_of(c):
-            key = (d["id"], d["title"] if d["id"] == "fallback" else "")
-            g = groups.setdefault(key, {**d, "cases": 0})
+            g = groups.setdefault((d["id"], ""), {**d, "cases": 0})
             g["cases"] += 1
 
     def order(key):  # D1, D2, ..., D10 in number order, then other ids; fallbacks last
@@ -239,7 +227,7 @@ def adapter_counts(report: dict) -> list[tuple[str, dict]]:
 def expected_rows(report: dict) -> list[list]:
     """[adapter, source, tensors, reason, cases, outcomes, defined at], one row per expected
     outcome the suites applied (known failures, declared differences, TE deviations: each
-    case's ``expected`` records, reports.record.expected_on)."""
+    case's ``expected`` records, as the suites' expected outcomes record them)."""
     groups: dict[tuple, Counter] = defaultdict(Counter)
     for c in report["cases"]:
         for e in c.get("expected") or []:
@@ -356,18 +344,22 @@ def tables(report: dict) -> list[Table]:
             )
         )
     reasons = Counter(
-        ("xfail: " if c["outcome"] == "xfailed" else "") + normalise_reason(c.get("skip_reason"))
+        (skip_kind(c), skip_text(c))
         for c in cases
         if c["outcome"] in ("skipped", "xfailed") and te_deviation(c) is None
     )
     if reasons:
-        rows = sorted(([r, n] for r, n in reasons.items()), key=lambda row: (-row[1], row[0]))
+        rows = sorted(([k, r, n] for (k, r), n in reasons.items()),
+                      key=lambda row: (-row[2], row[0], row[1]))  # fmt: skip
         out.append(
             Table(
                 "Skip reasons",
-                ["reason", "cases"],
+                ["kind", "reason", "cases"],
                 rows,
-                "one row per distinct reason (the parts of a multi-reason skip sorted)"
+                "one row per kind and distinct reasons: declined (the implementation's adapter "
+                "turns the case away), environment (this machine lacks a device, a package or a "
+                "build), inexpressible (no such combination), unrecorded (a skip no suite "
+                "classified), xfail (an expected difference)"
                 + ("; TE deviations are in their own section" if deviations else ""),
             )
         )
@@ -447,33 +439,31 @@ def worst_at(case: dict, tensor: dict | None) -> str | None:
     return ", ".join(f"{a}={i}" for a, i in zip(names, index))
 
 
-REPRODUCE = re.compile(r"^(?:E\s+)?reproduce(?: \([^)]*\))?:\s*(?P<cmd>\S.*)$")
-
-
 def _target(nodeid: str, environment: dict | None) -> list[str]:
     """How pytest names the case from the directory the run started in: its node id where the
     run started in its rootdir; else (an installed package's tests, run from elsewhere) the
-    node id as a --pyargs module path ('suites/test_x.py::t[a]' -> --pyargs 'suites.test_x::t[a]'),
-    or, for a path that is no module path, the file's absolute path."""
+    node id as a --pyargs module path under the package the rootdir is (environment
+    ``rootdir_package``: 'suites/test_x.py::t[a]' in 'te_conformance' -> --pyargs
+    'te_conformance.suites.test_x::t[a]'), or, where the rootdir is no package or the path no
+    module path, the file's absolute path."""
     env = environment or {}
     started, root = env.get("started_in"), env.get("rootdir")
     if not started or not root or Path(started) == Path(root):
         return [nodeid]
     path, sep, rest = nodeid.partition("::")
-    if path.endswith(".py") and not path.startswith(("..", "/")):
-        return ["--pyargs", path[:-3].replace("/", ".") + sep + rest]
+    package = env.get("rootdir_package")
+    if package and path.endswith(".py") and not path.startswith(("..", "/")):
+        return ["--pyargs", f"{package}.{path[:-3].replace('/', '.')}{sep}{rest}"]
     return [str(Path(root, path)) + sep + rest]
 
 
 def reproducer(case: dict, pytest_args: list[str] | None = None,
                environment: dict | None = None) -> str:  # fmt: skip
-    """One line that reproduces a failing case: the first `reproduce: <command>` line of its
-    failure text (the format checks print), else pytest on the case (with the run's --impl
-    adapters), named so that it runs from the directory the run started in (_target)."""
-    for text in (case.get("message"), case.get("longrepr")):
-        for line in (text or "").splitlines():
-            if m := REPRODUCE.match(line.strip()):
-                return m["cmd"].strip()
+    """One line that reproduces a failing case: the command its test recorded (``reproducer``:
+    a fuzz check's shrunk example), else pytest on the case (with the run's --impl adapters),
+    named so that it runs from the directory the run started in (_target)."""
+    if case.get("reproducer"):
+        return str(case["reproducer"])
     impls = []
     args = list(pytest_args or [])
     for i, a in enumerate(args):
@@ -834,7 +824,7 @@ def render_html(report: dict, comparison: str | None = None, mutation: dict | No
 
 def render(report: dict, out_dir: str | Path, comparison: str | None = None) -> tuple[Path, Path]:
     """Write report.md and report.html into out_dir; returns their paths. A mutation kill matrix
-    (MUTATION_FILE, from python -m suites.mutation) in out_dir joins both."""
+    (MUTATION_FILE, from python -m tools.mutation) in out_dir joins both."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     mutation = load_mutation(out / MUTATION_FILE)
@@ -859,7 +849,7 @@ def load_mutation(path: Path) -> dict | None:
 
 
 def mutation_tables(matrix: dict) -> list[Table]:
-    """The kill matrix of python -m suites.mutation: one row per planted defect, with the test
+    """The kill matrix of python -m tools.mutation: one row per planted defect, with the test
     that caught it, or why it survived, errored or did not run."""
     env = matrix.get("environment") or {}
     counts = ", ".join(f"{n} {r}" for r, n in (matrix.get("counts") or {}).items() if n)

@@ -1,4 +1,5 @@
-"""The release verdict of one `python -m reports run`: PASS or FAIL, why, and the exit code."""
+"""The release verdict of one `python -m te_conformance run`: PASS or FAIL, why, and the exit
+code."""
 
 from __future__ import annotations
 

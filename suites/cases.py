@@ -12,6 +12,7 @@ from te_ref.layouts import (
     ATTN_MASK_TYPES,  # noqa: F401  (re-exported for the suites)
     CONTRACT_LAYOUTS,
     LAYOUTS,
+    PADDING_MASK_TYPES,
     parse_layout,
 )
 
@@ -134,7 +135,7 @@ SIZES = {
 DEVICE_DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp16")}
 CORE_MASKS = ("no_mask", "causal", "padding_causal", "causal_bottom_right")
 # a thd q takes the padding types only (SPEC §1): its core masks
-CORE_MASKS_THD = ("padding", "padding_causal", "padding_causal_bottom_right")
+CORE_MASKS_THD = PADDING_MASK_TYPES
 
 
 def sized(case: AttnCase, cross: bool = False, gqa: int = 1, mla: bool = False) -> AttnCase:
@@ -592,3 +593,19 @@ def fully_masked_rows(case: AttnCase) -> int:
     else:  # the first lengths_q[x] positions of each element (all of them without padding)
         real_q = torch.arange(case.sq)[None, :] < torch.tensor(inputs.lengths_q)[:, None]
     return int((full & real_q[:, None, :]).sum())
+
+
+# The module matrices the conformance suite runs (suites/conformance/test_attention.py's
+# @pytest.mark.matrix(name)); te_fast's eager core is judged on the same (suites/te_fast/
+# test_dispatch_paths.py). The broad sample is larger on CUDA.
+BROAD_COUNT = {"cpu": 60, "cuda": 160}
+MODULE_MATRICES = {
+    "core": core_matrix,
+    "broad": lambda dev: broad_matrix(dev, BROAD_COUNT[dev]),
+    "thd_inference": thd_inference_cases,
+    "varlen": varlen_cases,
+    "alignment": alignment_matrix,
+    "decode": decode_matrix,
+    "default_scale": default_scale_cases,
+    "alibi": alibi_matrix,
+}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import te_fast
+from te_conformance.suites import skips
 
 DEVICES = ("cpu", "cuda")
 
@@ -19,15 +20,12 @@ def cuda_unavailable_reason() -> str | None:
 
 
 def require(device: str, needs_te_fast: bool = True) -> torch.device:
-    """Skip the running test with a reason unless ``device`` can run it; returns the device."""
+    """The device, where this machine can run the test there (with te_fast's kernels, unless
+    ``needs_te_fast`` is False); else a skip of kind "environment" with the reason."""
     if device == "cuda":
-        reason = cuda_unavailable_reason()
-        if reason:
-            pytest.skip(reason)
+        skips.unless("environment", [cuda_unavailable_reason()])
     if needs_te_fast:
-        reason = te_fast.device_unavailable_reason(device)
-        if reason:
-            pytest.skip(reason)
+        skips.unless("environment", [te_fast.device_unavailable_reason(device)])
     return torch.device(device)
 
 

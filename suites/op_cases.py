@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import torch
 
 import te_ref
-from suites import cases
+from te_conformance.suites import cases
 from te_fast import _registry
 from te_fast import ops as fast
 
-DTYPES = {  # suites.cases.DTYPES and the fp8 storage dtypes of the conversions
+OP_DTYPES = {  # every dtype an op takes: suites.cases.DTYPES and the conversions' fp8 storage
     **cases.DTYPES,
     "fp8e4m3": torch.float8_e4m3fn,
     "fp8e5m2": torch.float8_e5m2,
@@ -68,7 +68,58 @@ def random_data(shape, dtype, device, scale=1.0) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- contract cases
 
-OP_NAMES = _registry.OP_NAMES  # every op, as te_fast checks for them at import
+# ----------------------------------------------------------------------------- softmax rows
+
+# The issue's lengths, plus one per CUDA kernel shape and access path that they miss (see
+# csrc/cuda/softmax_impl.cuh; V = elements per access, 8 for 16-bit and 4 for fp32 data when
+# sk % V == 0, else 1). 16-byte forward: 16 and 40 (two threads per row, whole and partial
+# chunks), 128 and 256 (4 and 8 lanes per row), 1000 (16-bit: a warp, last chunk partial; fp32:
+# the long kernel), 4096 (16-bit: one 128-thread CTA), 16384 (16-bit: one 512-thread CTA; fp32:
+# one long-kernel CTA), 20000, 33000 and 70000 (the long kernel on 1, 2 and 4 CTAs for 16-bit, 2,
+# 4 and 8 for fp32), 131080 (past every shape: two-pass). Backward: 16384, 20000 and 33000
+# (clusters of 2, 4 and 8 CTAs for 16-bit, 4, 8 and 8 of four chunks a thread for fp32), 70000
+# and 131080 (two-pass). One element per access: 1, 7, 17, 500 (16-bit), 1023, 4099.
+ROW_LENGTHS = (
+    1, 7, 16, 17, 40, 128, 256, 500, 1000, 1023, 4096, 4099, 16384, 20000, 33000, 70000, 131080
+)  # fmt: skip
+
+
+SQUARE_MAX = {"cpu": 1000, "cuda": 4096}  # longest square [ab, s, s] upper-triangular case
+
+
+SCALE = 0.7
+
+
+# variant -> (op, mask kind): every softmax op, a masked one with a broadcast mask [1, 1, sq, sk]
+# and with a per-batch mask [b, 1, sq, sk]
+VARIANTS = {
+    (f"{name}-{kind}_mask" if kind else name): (name, kind)
+    for name, op in SOFTMAX_OPS.items()
+    for kind in (("bcast", "batch") if op.masked else (None,))
+}
+
+
+def softmax_inputs(variant: str, sk: int, device: torch.device, dtype, magnitude: float):
+    """x (and mask) with b*h odd (3) and sq not a multiple of 4 (5)."""
+    op_name, mask_kind = VARIANTS[variant]
+    if SOFTMAX_OPS[op_name].rank == 3:
+        shape = (3, sk, sk) if sk <= SQUARE_MAX[device.type] else (3, 5, sk)
+    elif mask_kind == "batch":
+        shape = (3, 1, 5, sk)
+    else:
+        shape = (1, 3, 5, sk)
+    x = random_data(shape, dtype, device, magnitude)
+    mask = None
+    if mask_kind == "bcast":
+        mask = random_mask((1, 1, 5, sk), device)
+    elif mask_kind == "batch":
+        mask = random_mask((3, 1, 5, sk), device)
+    return SOFTMAX_OPS[op_name], x, mask
+
+
+# every C++ op (the registry's OPS), as te_fast checks for them at import; the Python-defined
+# attention_core ops (PYTHON_OPS) have suites/te_fast/test_eager_core.py instead
+OP_NAMES = _registry.OP_NAMES
 
 
 def op_dtypes(op: str):
@@ -286,3 +337,21 @@ def range_end_scores(x: torch.Tensor) -> torch.Tensor:
     kind = rows % 3
     out = torch.where(kind == 1, far, -far)
     return torch.where((kind == 2) & (cols >= 0.6 * x.shape[-1]), x, out)
+
+
+# ----------------------------------------------------------------------------- past 2^31 elements
+
+GiB = 1 << 30
+
+
+TWO31 = 1 << 31
+
+
+def sample_rows(rows: int, sk: int) -> list[int]:
+    """The first rows, the rows around element 2^31, the last rows."""
+    boundary = TWO31 // sk
+    picked = {0, 1, boundary - 1, boundary, boundary + 1, rows - 2, rows - 1}
+    return sorted(r for r in picked if 0 <= r < rows)
+
+
+LARGE_SCALE = 0.6  # the softmax scale of the tensors past 2^31 elements

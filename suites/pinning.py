@@ -85,7 +85,7 @@ def worker_threads(workers: int | None = None) -> int | None:
 
 def header(config) -> str:
     """The pytest header's line: torch's threads in each worker, and where ref64 is computed."""
-    from suites import devices
+    from te_conformance.suites import devices
 
     workers = len(getattr(config.option, "tx", None) or [])  # xdist's, once -n is resolved
     threads = worker_threads(workers)

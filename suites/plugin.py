@@ -1,7 +1,8 @@
 """The suites' pytest plugin: --impl, markers, seeding, pinning, known failures, the report plugin.
 
 Installed with the project, it is registered through the `pytest11` entry point named
-"suites.plugin" (pyproject.toml), so the suites run from any directory: `pytest --pyargs suites`.
+"te_conformance.suites.plugin" (pyproject.toml), so the suites run from any directory:
+`pytest --pyargs te_conformance.suites`.
 The checkout's conftest.py names the same module in `pytest_plugins`; pytest registers a plugin
 once per name, so inside the checkout the two routes meet as one registration, and with
 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 the conftest alone still loads it.
@@ -15,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["reports.plugin"]
+from te_conformance.reports.record import PROPERTY_KEY
+from te_conformance.suites import expected
+
+pytest_plugins = ["te_conformance.reports.plugin"]
 
 SUITES_DIR = Path(__file__).resolve().parent
 
@@ -23,15 +27,18 @@ MARKERS = (
     "gpu: needs a CUDA device (skipped with a reason on CPU-only machines)",
     "slow: long-running case",
     "large: tensors past 2^31 elements (GPU, up to ~40 GiB each; run only when selected: -m large)",
-    "matrix(name): run over the named case matrix (suites/test_attention.py MATRICES) for every "
+    "matrix(name): run over the named case matrix (suites/cases.py MODULE_MATRICES) for every "
     "selected adapter",
+    "feature(*features): the features every case of the test exercises (keys of "
+    "suites/features.py FEATURES, or a Feature of the test's own), recorded with each case for "
+    "the conformance matrix",
     "per_adapter(**axes): parametrize over axes (argname=values, in id order) and the selected "
     "adapters, which join the last axis's id (bare for te_fast); see suites/adapters/__init__.py",
 )
 
 
 def _register_fuzz_profiles() -> None:
-    from suites.fuzz import profiles
+    from te_conformance.suites.fuzz import profiles
 
     profiles.register()
 
@@ -40,7 +47,7 @@ _register_fuzz_profiles()  # at import: before hypothesis reads --hypothesis-pro
 
 
 def pytest_addoption(parser):
-    from suites.adapters import ADAPTERS, ENTRY_POINT_GROUP, entry_point_names
+    from te_conformance.suites.adapters import ADAPTERS, ENTRY_POINT_GROUP, entry_point_names
 
     default = [name for name, adapter in ADAPTERS.items() if adapter.default]
     known = [*ADAPTERS, *(n for n in entry_point_names() if n not in ADAPTERS)]
@@ -56,7 +63,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    from suites import pinning
+    from te_conformance.suites import pinning
 
     for line in MARKERS:
         config.addinivalue_line("markers", line)
@@ -65,15 +72,22 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     """torch's threads per xdist worker and where ref64 is computed (suites/pinning.py)."""
-    from suites import pinning
+    from te_conformance.suites import pinning
 
     return [pinning.header(config)]
 
 
+def pytest_te_report_features(config):
+    """The report plugin's hook: the feature catalogue the cases' ``features`` refer to."""
+    from te_conformance.suites import features
+
+    return features.catalogue()
+
+
 def pytest_te_report_impls(config):
-    """reports.plugin's hook: the adapters this run judges, with their implementations'
+    """The report plugin's hook: the adapters this run judges, with their implementations'
     versions (Adapter.version)."""
-    from suites.adapters import selected
+    from te_conformance.suites.adapters import selected
 
     return [{"name": a.name, "version": a.version()} for a in selected(config)]
 
@@ -83,29 +97,34 @@ def pytest_generate_tests(metafunc):
     (suites.adapters.parametrize_per_adapter)."""
     per_adapter = metafunc.definition.get_closest_marker("per_adapter")
     if per_adapter is not None:
-        from suites.adapters import parametrize_per_adapter
+        from te_conformance.suites.adapters import parametrize_per_adapter
 
         parametrize_per_adapter(metafunc, per_adapter.kwargs)
 
 
-def suite_nodeid(item) -> str:
-    """The item's nodeid as the checkout names it ('suites/test_x.py::...'), wherever the suites
-    are installed and whatever the rootdir: the key of suites/known_failures.py."""
-    path = getattr(item, "path", None)
-    if path is not None and "::" in item.nodeid:
-        try:
-            rel = Path(path).resolve().relative_to(SUITES_DIR.parent)
-        except ValueError:
-            return item.nodeid
-        return f"{rel.as_posix()}::{item.nodeid.split('::', 1)[1]}"
-    return item.nodeid
+def seed_key(item) -> str:
+    """The text an item's random draws are seeded from: its case key in the form node ids had
+    before the suites had rooms ("suites/<file>.py::<test>[<params>]"), so that a test moved
+    into a room keeps the draws its known failures and baselines were measured on."""
+    stem, _, rest = item_key(item).partition("::")
+    return f"suites/{stem}.py::{rest}" if rest else stem
+
+
+def item_key(item) -> str:
+    """The item's case key (te_conformance.reports.model.case_key: its test file's stem, then
+    its names and parameters), whatever the rootdir, wherever the suites are installed and in
+    whichever room: the key of suites/known_failures.py and the seed of the item's random
+    draws."""
+    from te_conformance.reports.model import case_key
+
+    return case_key(item.nodeid)
 
 
 def _adapter_and_case(item):
     """The item's ``adapter`` parameter (an Adapter, or None) and its AttnCase parameter (the
     first parameter that is one, or None)."""
-    from suites.adapters.base import Adapter
-    from suites.cases import AttnCase
+    from te_conformance.suites.adapters.base import Adapter
+    from te_conformance.suites.cases import AttnCase
 
     params = getattr(getattr(item, "callspec", None), "params", {})
     adapter = params.get("adapter")
@@ -124,47 +143,150 @@ def declared_differences(item) -> list:
     return [d for d in adapter.differences if d.matches(test, param_id, case)]
 
 
-def pytest_collection_modifyitems(config, items):
-    """Expected failures, each a STRICT and NARROW xfail, recorded on the item for the report
-    (reports.record.expected_on): suites/known_failures.py (counts only when the named tensors
-    fail their error-ratio assertion and nothing else) and the differences an item's adapter
-    declares (suites/adapters/base.py Difference: counts only when the declared tensors fail
-    value checks and nothing else). Both apply to one item as one xfail over their union."""
-    from reports import record
-    from suites.checks.numerics import value_failures
-    from suites.known_failures import KNOWN_FAILURES, defined_at
+ROOMS = {
+    "conformance": "any implementation's conformance: every test takes an adapter",
+    "te_fast": "te_fast's own tests: no adapter",
+    "judge": "the judge's own tests (te_ref, the checks): no adapter",
+}
 
+
+def _room(item) -> str | None:
+    """The room (a folder of suites/, ROOMS) an item of the suites is in; None outside them."""
+    path = getattr(item, "path", None)
+    if path is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(SUITES_DIR).parts[0]
+    except ValueError:
+        return None
+
+
+def check_rooms(items) -> None:
+    """A UsageError naming each test of the suites in the wrong room: the conformance room holds
+    the tests that take an ``adapter`` and only those (--impl selects them by that fact)."""
+    wrong = []
     for item in items:
-        nodeid = suite_nodeid(item)
-        known = KNOWN_FAILURES.get(nodeid)
-        declared = declared_differences(item)
-        if known is None and not declared:
+        room = _room(item)
+        if room is None:
             continue
+        takes = "adapter" in getattr(item, "fixturenames", ())
+        if room not in ROOMS:
+            wrong.append(f"{item.nodeid}: not in a room ({', '.join(ROOMS)})")
+        elif takes != (room == "conformance"):
+            wrong.append(f"{item.nodeid}: {'takes' if takes else 'takes no'} adapter, in "
+                         f"suites/{room}/ ({ROOMS[room]})")  # fmt: skip
+    if wrong:
+        raise pytest.UsageError("tests in the wrong room of suites/:\n  " + "\n  ".join(wrong[:20]))
+
+
+def _adapter_tests_only(config, items) -> None:
+    """With --impl the run judges the named adapters: the tests that take an ``adapter`` are
+    selected by that fact (the conformance room), every other test deselected."""
+    if not config.getoption("--impl"):
+        return
+    takes = [("adapter" in getattr(i, "fixturenames", ()), i) for i in items]
+    dropped = [i for t, i in takes if not t]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for t, i in takes if t]
+
+
+def pytest_collection_modifyitems(config, items):
+    """The rooms (check_rooms), --impl's selection (_adapter_tests_only), and the expected
+    failures known at collection (suites/expected.py): suites/known_failures.py by case key and
+    the differences the item's adapter declares (Adapter.differences)."""
+    from te_conformance.suites.known_failures import KNOWN_FAILURES
+
+    check_rooms(items)
+    _adapter_tests_only(config, items)
+    for item in items:
+        marker_features(item)  # a UsageError for an unknown or clashing feature
+        key = item_key(item)
         adapter, _ = _adapter_and_case(item)
-        by = {"adapter": adapter.name} if adapter is not None else {}
-        reasons, tensors = [], []
-        if known is not None:
-            reasons.append(known.marker_reason())
-            tensors += known.tensors
-            record.expected_on(
-                item, source="known_failure", **by, tensors=list(known.tensors),
-                reason=known.reason, defined_at=defined_at(nodeid), strict=known.strict,
-            )  # fmt: skip
-        for d in declared:
-            reasons.append(
-                f"declared difference of {adapter.name}: {','.join(d.tensors)} (value checks, "
-                f"{'strict' if d.strict else 'not strict: machine-dependent rounding'}): "
-                f"{d.reason} [{d.defined_at}]"
+        found = [KNOWN_FAILURES[key].expectation(key)] if key in KNOWN_FAILURES else []
+        found += [d.expectation(adapter.name) for d in declared_differences(item)]
+        if found:
+            expected.attach(item, *found)
+
+
+def marker_features(item) -> tuple[list[str], list[dict]]:
+    """The features a test declares with ``@pytest.mark.feature(...)``: (keys, definitions).
+    An argument is a key of the catalogue (suites/features.py FEATURES) or a ``Feature`` of the
+    test's own (a new row, defined where it is exercised: its definition travels with the
+    cases, and the report adds it to the run's catalogue); anything else is a UsageError."""
+    from te_conformance.suites.features import BY_KEY, Feature
+
+    keys: list[str] = []
+    defined: list[dict] = []
+    for arg in (a for m in item.iter_markers("feature") for a in m.args):
+        if isinstance(arg, Feature):
+            if arg.key in BY_KEY and BY_KEY[arg.key] != arg:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: feature {arg.key!r} is defined differently in "
+                    "suites/features.py; use its key, or give the new feature a key of its own"
+                )
+            keys.append(arg.key)
+            defined.append(arg.as_dict())
+        elif isinstance(arg, str) and arg in BY_KEY:
+            keys.append(arg)
+        else:
+            raise pytest.UsageError(
+                f"{item.nodeid}: unknown feature {arg!r}: a key of suites/features.py "
+                f"({', '.join(sorted(BY_KEY))}) or a Feature(key, group, label, rule) of the "
+                "test's own"
             )
-            tensors += [t for t in d.tensors if t not in tensors]
-            record.expected_on(
-                item, source="declared", **by, tensors=list(d.tensors), reason=d.reason,
-                defined_at=d.defined_at, strict=d.strict,
-            )  # fmt: skip
-        raises = known.raises if not declared else value_failures(tensors)
-        # strict unless every expectation applied is a machine-dependent rounding difference
-        strict = (known is not None and known.strict) or any(d.strict for d in declared)
-        item.add_marker(pytest.mark.xfail(reason="; ".join(reasons), strict=strict, raises=raises))
+    return keys, defined
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """The features the test declares (marker_features), recorded for each of its cases."""
+    keys, defined = marker_features(item)
+    if keys:
+        declared = {"kind": "features", "keys": keys, "declared": True, "defines": defined}
+        item.user_properties.append((PROPERTY_KEY, declared))
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    expected.set_current(item)
+    try:
+        return (yield)
+    finally:
+        expected.set_current(None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The one place expected failures are applied (suites/expected.py settle): the call's
+    outcome under the item's expectations, each applied one recorded for the report."""
+    report = yield
+    command = expected.reproducer_of(item) if call.when == "call" and report.failed else None
+    if command:  # the command that shows this failure on its own (a fuzz check's example)
+        entry = (PROPERTY_KEY, {"kind": "reproducer", "command": command})
+        item.user_properties.append(entry)
+        report.user_properties.append(entry)
+    found = expected.of(item)
+    if call.when != "call" or not found:
+        return report
+    error = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(error, (pytest.skip.Exception, pytest.xfail.Exception)):
+        return report  # the test skipped itself: nothing was judged
+    verdict = expected.settle(found, error)
+    if verdict.outcome == "xfailed":
+        report.outcome, report.wasxfail = "skipped", verdict.reason
+    elif verdict.outcome == "xpassed":
+        report.outcome, report.wasxfail = "passed", verdict.reason
+    elif verdict.outcome == "failed" and error is None:
+        report.outcome, report.longrepr = "failed", verdict.why
+    elif verdict.outcome == "failed" and hasattr(report.longrepr, "addsection"):
+        report.longrepr.addsection("expected differences", verdict.why)
+    for e in found:
+        entry = (PROPERTY_KEY, {"kind": "expected", **e.record(), "outcome": report.outcome})
+        item.user_properties.append(entry)
+        report.user_properties.append(entry)
+    return report
 
 
 @pytest.fixture
@@ -178,6 +300,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def fuzz_key(request) -> str:
+    """The seed of the test's draws (seed_key)."""
+    return seed_key(request.node)
 
 
 def _ours(config, path) -> bool:
@@ -194,11 +322,12 @@ def _ours(config, path) -> bool:
 
 @pytest.fixture(autouse=True)
 def _seed(request):
-    """Every test gets its own fixed seed, derived from its id (reproducible, order-independent)."""
+    """Every test gets its own fixed seed, derived from its seed_key (reproducible, independent
+    of the order, the rootdir and the room)."""
     if _ours(request.config, getattr(request.node, "path", None)):
         import torch
 
-        seed = zlib.crc32(suite_nodeid(request.node).encode())
+        seed = zlib.crc32(seed_key(request.node).encode())
         random.seed(seed)
         torch.manual_seed(seed)  # lazily seeds CUDA too, without initialising it
     yield

@@ -2,14 +2,16 @@
 documentation or from its fused softmax kernel, for the transformer_engine adapter only.
 
 Kept next to suites/known_failures.py. Each entry has its TE source lines, the smallest
-reproducer (``python -m suites.te_deviations <ID>`` runs TE, through the CPU stand-in where there
-is no CUDA, and prints TE's probability grid next to the documented one: q = 0, v = identity, so
-each output row is the probability row), the grids it printed, the diagnosis, and which cases it
-explains. The suites run a case it explains as a STRICT and NARROW expected failure with the
-reason ``str(deviation)``: the case must differ, so that a TE release that fixes it shows up as a
-failure ("deviation no longer shows"), and only in the checks the entry's ``explains`` names (the
-value comparisons; M1: max_logit's dtype), so that any other failure of the case still fails.
-docs/transformer_engine.md has the same list.
+reproducer (``python -m te_conformance.suites.te_deviations <ID>`` runs TE, through the CPU
+stand-in where there is no CUDA, and prints TE's probability grid next to the documented one:
+q = 0, v = identity, so each output row is the probability row), the grids it printed, the
+diagnosis, and which cases it explains. A case it explains carries its expectation
+(``Deviation.expectation``, suites/expected.py): STRICT and NARROW, the case must differ, so that
+a TE release that fixes it shows up as a failure ("no longer shows"), and only in the checks the
+entry's ``explains`` names (the value comparisons, the mask table, a refusal; M1: max_logit's
+dtype), so that any other failure of the case still fails. The report lists each with its id,
+title, TE lines and reproducer, from the records alone. docs/transformer_engine.md has the same
+list.
 
 Which cases: ``explain`` models what TE's unfused backend does with a case's mask, row by row
 (utils.py get_full_mask 1977-2126, backends.py 536-552 and 669-742, softmax.py 354-384), once as
@@ -31,10 +33,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from suites.cases import AttnCase
+from te_conformance.suites.cases import AttnCase
 
 TE_RELEASE = "2.20.2"
-CAUSAL_TYPES = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
 
 
 @dataclass(frozen=True)
@@ -48,23 +49,34 @@ class Deviation:
     grid: str  # what the reproducer printed: TE's probability grid and the documented one
     reproducer: dict = field(repr=False, compare=False, default_factory=dict)
     kind: str = "TE deviation"  # or "TE fallback": the torch fallback's own outcome
-    # the judgement's failures it explains (suites/checks/attention.py unexplained_failures):
-    # check kinds on any tensor, or "kind:tensor"; a case failing otherwise fails the test
-    explains: tuple[str, ...] = ("ratio", "zero_rows")
+    # the failures it explains (suites/expected.py): check kinds on any tensor, or
+    # "kind:tensor"; a case failing otherwise fails the test. By default the value checks, the
+    # mask table's grids and a refusal that did not happen (expected.DEVIATION_EXPLAINS)
+    explains: tuple[str, ...] = ("ratio", "zero_rows", "table", "refusal")
+
+    @property
+    def reproducer_command(self) -> str:
+        return f"python -m te_conformance.suites.te_deviations {self.id}"
+
+    def expectation(self, adapter: str | None = "transformer_engine"):
+        """The expectation a case it explains carries (suites/expected.py): failures of the
+        checks it ``explains``, on any tensor."""
+        from te_conformance.suites.expected import Expectation
+
+        return Expectation(
+            source="te_deviation", id=self.id, reason=self.diagnosis, checks=self.explains,
+            adapter=adapter, title=self.title, where=self.te_lines,
+            reproducer=self.reproducer_command,
+        )  # fmt: skip
 
     @property
     def reason(self) -> str:
         return str(self)
 
     def __str__(self) -> str:
-        """The xfail reason (reports/ parses it)."""
-        if self.kind == "TE fallback":
-            head = f"TE fallback: {self.title}"
-            arg = "fallback"
-        else:
-            head = f"TE deviation {self.id}: {self.title}"
-            arg = self.id
-        return f"{head} [TE {self.te_lines}] reproducer: python -m suites.te_deviations {arg}"
+        """One line: what it is, TE's lines and its reproducer (the CLI's listing)."""
+        head = self.kind if self.kind == "TE fallback" else f"{self.kind} {self.id}"
+        return f"{head}: {self.title} [TE {self.te_lines}] reproducer: {self.reproducer_command}"
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -497,23 +509,23 @@ def _fmt(p: torch.Tensor) -> str:
 def reproduce(dev_id: str) -> str:
     """Run one reproducer: TE's probability grid (batch 0, head 0) and the documented one."""
     import te_ref
-    from suites.adapters import transformer_engine as adapter_module
-    from suites.adapters.te_cpu import cpu_redirect
+    from te_conformance.suites.adapters import te_loader
+    from te_conformance.suites.adapters.te_cpu_standin import cpu_redirect
 
-    te, missing = adapter_module.load()
+    te, missing = te_loader.load()
     if missing:
         raise SystemExit(missing)
     dev = DEVIATIONS[dev_id]
     r = dev.reproducer
     if r.get("max_logit_dtype"):
-        return _max_logit_dtype(te, adapter_module, dev)
+        return _max_logit_dtype(te, te_loader, dev)
     sq, skv, mask_type = r["sq"], r["skv"], r["mask"]
     lq, lkv = r.get("lq", (sq,)), r.get("lkv", (skv,))
     b = len(lq)
     thd = r.get("thd", False)
     cross = r.get("cross", sq != skv)
-    region = cpu_redirect if adapter_module.stand_in() else _nothing
-    device = "cpu" if adapter_module.stand_in() else "cuda"
+    region = cpu_redirect if te_loader.stand_in() else _nothing
+    device = "cpu" if te_loader.stand_in() else "cuda"
 
     def inputs(lq, lkv):
         q = torch.zeros(b, sq, 1, 4, dtype=torch.float64, device=device)
@@ -552,11 +564,11 @@ def reproduce(dev_id: str) -> str:
     lines = [f"{dev.id}: {dev.title}", f"[TE {TE_RELEASE} {dev.te_lines}]", ""]
     if "first" in r:  # D4: a first call on the same module with other lengths fills the cache
         q, k, v, kw = inputs(*r["first"])
-        adapter_module.reset_alibi_cache(module)
+        te_loader.reset_alibi_cache(module)
         with region():
             module(q, k, v, qkv_format=fmt, **kw)
     else:
-        adapter_module.reset_alibi_cache(module)
+        te_loader.reset_alibi_cache(module)
     q, k, v, kw = inputs(lq, lkv)
     te_kw = dict(kw)
     if r.get("user_column0"):
@@ -579,12 +591,12 @@ def reproduce(dev_id: str) -> str:
     return "\n".join(lines)
 
 
-def _max_logit_dtype(te, adapter_module, dev) -> str:
+def _max_logit_dtype(te, loader, dev) -> str:
     """M1: the dtype of TE's max_logit for bf16 inputs."""
-    from suites.adapters.te_cpu import cpu_redirect
+    from te_conformance.suites.adapters.te_cpu_standin import cpu_redirect
 
-    region = cpu_redirect if adapter_module.stand_in() else _nothing
-    device = "cpu" if adapter_module.stand_in() else "cuda"
+    region = cpu_redirect if loader.stand_in() else _nothing
+    device = "cpu" if loader.stand_in() else "cuda"
     q = torch.randn(1, 3, 1, 4, device=device).to(torch.bfloat16)
     with region():
         module = te.DotProductAttention(1, 4, qkv_format="bshd", attn_mask_type="causal",

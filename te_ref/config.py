@@ -1,8 +1,8 @@
 """Argument rules of the reference: validate one attention call and gather it into one
 `AttentionCall` (the resolved configuration and the tensors the math needs).
 
-te_fast has its own rules (te_fast/_call.py), written independently, so that a misreading of the
-SPEC in either shows up against the other; only the error texts are kept the same on purpose.
+te_fast has its own rules (te_fast/_arguments.py), written independently, so that a misreading of
+the SPEC in either shows up against the other; only the error texts are kept the same on purpose.
 No tensor math happens here beyond the per-batch lengths.
 """
 
@@ -13,13 +13,19 @@ from dataclasses import dataclass
 
 import torch
 
-from te_ref.layouts import ATTN_MASK_TYPES, BIAS_TYPES, SOFTMAX_TYPES, Layout, parse_layout
+from te_ref.layouts import (
+    ATTN_MASK_TYPES,
+    BIAS_TYPES,
+    CAUSAL_MASK_TYPES,
+    SOFTMAX_TYPES,
+    TOP_LEFT_MASK_TYPES,
+    Layout,
+    parse_layout,
+)
 
 # query_layer/key_layer/value_layer dtypes: te_fast's three, and float64 (the golden answer's
 # inputs: the suites call the reference on float64 copies).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-CAUSAL_TYPES = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
-TOP_LEFT_TYPES = ("causal", "padding_causal")  # every other type aligns bottom-right by default
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ def resolve(
         dqk=dqk,
         dv=dv,
         num_tokens_q=q.shape[0] if layout.q_format == "thd" else None,
-        causal=attn_mask_type in CAUSAL_TYPES,
+        causal=attn_mask_type in CAUSAL_MASK_TYPES,
         window=window,
         bottom_right=_bottom_right(attn_mask_type, bottom_right_diagonal),
         bias_type=core_attention_bias_type,
@@ -412,7 +418,7 @@ def _window(mask_type: str, window_size) -> tuple[int, int]:
     (-1, 0) -> (-1, -1) with a warning (no window, not a causal band); anything else (one
     unbounded side) is an error.
     """
-    causal = mask_type in CAUSAL_TYPES
+    causal = mask_type in CAUSAL_MASK_TYPES
     if window_size is None:
         return (-1, 0) if causal else (-1, -1)
     try:
@@ -451,7 +457,7 @@ def _bottom_right(mask_type: str, bottom_right_diagonal) -> bool:
     DotProductAttention.forward resolves it (dot_product_attention.py:2398-2406): forced to
     False for causal/padding_causal and to True for the *_bottom_right types; for the other
     types the argument decides, None meaning True."""
-    if mask_type in TOP_LEFT_TYPES:
+    if mask_type in TOP_LEFT_MASK_TYPES:  # every other type aligns bottom-right by default
         return False
     if mask_type in ("causal_bottom_right", "padding_causal_bottom_right"):
         return True

@@ -61,6 +61,15 @@ ATTN_MASK_TYPES = (
     "arbitrary",
 )
 
+# The mask types by what they hold (SPEC §2.3): the causal band (top-left or bottom-right
+# aligned by their name), and the sequence lengths (padding)
+CAUSAL_MASK_TYPES = (
+    "causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right",
+)  # fmt: skip
+TOP_LEFT_MASK_TYPES = ("causal", "padding_causal")
+BOTTOM_RIGHT_MASK_TYPES = ("causal_bottom_right", "padding_causal_bottom_right")
+PADDING_MASK_TYPES = ("padding", "padding_causal", "padding_causal_bottom_right")
+
 BIAS_TYPES = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
 
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")

@@ -1,26 +1,30 @@
-"""docs/adapters.md and suites/adapters/base.py agree: the capability table names exactly
-CAPABILITIES, with each one's default; the declaration tables ("Declaring what it supports": the
-attributes, and the optional-argument flags) name only attributes Adapter has, every supports_*
-flag and every other declaration of Adapter among them, each with the default Adapter gives it.
-CPU only, no torch work."""
+"""docs/adapters.md and the support declaration (suites/adapters/support.py, base.py) agree: the
+field table names exactly Support's fields, each with its default; the capability, argument and
+output tables name exactly CAPABILITIES, ARGUMENTS and OUTPUTS; the attribute table names
+exactly the declarations an Adapter class has beside ``name`` and ``support``, each with its
+default. CPU only, no torch work."""
 
 from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import importlib
 import re
 from pathlib import Path
 
 import pytest
 
-from suites.adapters.base import CAPABILITIES, Adapter
+from te_conformance.suites.adapters.base import Adapter
+from te_conformance.suites.adapters.support import ARGUMENTS, CAPABILITIES, OUTPUTS, Support
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "adapters.md"
 CODE = re.compile(r"`([^`]+)`")
 DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$")
-# documented outside the tables: the interface's code block ("name = ...")
-OUTSIDE_TABLES = {"name"}
+# documented outside the attribute table: the interface's code block ("name = ...") and the
+# declaration itself (its own table)
+OUTSIDE_TABLES = {"name", "support"}
+TABLES = ("Support field", "attribute", "capability", "forward argument", "output")
 
 
 def tables(text: str) -> dict[str, list[dict[str, str]]]:
@@ -74,7 +78,7 @@ def _as_declared(value, default):
 @pytest.fixture(scope="module")
 def doc_tables():
     found = tables(DOC.read_text())
-    for first in ("capability", "attribute", "flag"):
+    for first in TABLES:
         assert first in found, f"docs/adapters.md has no table headed '| {first} |'"
     return found
 
@@ -101,42 +105,48 @@ def test_tables_are_read_honestly():
     assert documented_value("`no_bias alibi`") == ("no_bias", "alibi")
 
 
-def test_capability_table_is_capabilities(doc_tables):
-    rows = doc_tables["capability"]
-    documented = [n for r in rows for n in _names(r["capability"])]
-    assert sorted(documented) == sorted(CAPABILITIES), (
-        f"docs/adapters.md's capability table names {sorted(documented)}; "
-        f"suites.adapters.base.CAPABILITIES: {sorted(CAPABILITIES)}"
-    )
-    assert all("default" in r for r in rows), "the capability table has no default column"
-    wrong = {
-        n: (r["default"], getattr(Adapter, n)) for r in rows for n in _names(r["capability"])
-        if documented_value(r["default"]) != getattr(Adapter, n)
-    }  # fmt: skip
-    assert not wrong, f"capability defaults documented vs Adapter's: {wrong}"
-
-
-def test_declaration_tables_match_adapter(doc_tables):
-    declared = declarations()
-    attributes = {n: r for r in doc_tables["attribute"] for n in _names(r["attribute"])}
-    flags = {n: r for r in doc_tables["flag"] for n in _names(r["flag"])}
-    capabilities = {n for r in doc_tables["capability"] for n in _names(r["capability"])}
-    unknown = sorted(n for n in [*attributes, *flags] if n not in declared)
-    assert not unknown, f"documented, but Adapter has no such attribute: {unknown}"
-    supports = sorted(n for n in declared if n.startswith("supports_"))
-    missing_flags = [n for n in supports if n not in attributes and n not in flags]
-    assert not missing_flags, f"supports_* flags not in docs/adapters.md: {missing_flags}"
-    undocumented = sorted(
-        set(declared) - set(attributes) - set(flags) - capabilities - OUTSIDE_TABLES
-    )
-    assert not undocumented, f"Adapter declarations not in docs/adapters.md: {undocumented}"
+def _check_defaults(rows: dict[str, dict], declared: dict[str, object]) -> dict:
     wrong = {}
-    for name, row in attributes.items():
+    for name, row in rows.items():
         value = documented_value(row["default"])
         if _as_declared(value, declared[name]) != declared[name]:
             wrong[name] = (row["default"], declared[name])
         count = re.match(r"all (\d+)", row["default"])
         if count and int(count[1]) != len(declared[name]):
             wrong[name] = (row["default"], f"{len(declared[name])} values")
-    wrong.update({n: ("True (each flag)", declared[n]) for n in flags if declared[n] is not True})
+    return wrong
+
+
+def test_field_table_is_support(doc_tables):
+    rows = {n: r for r in doc_tables["Support field"] for n in _names(r["Support field"])[:1]}
+    default = Support()
+    fields = {f.name: getattr(default, f.name) for f in dataclasses.fields(Support)}
+    assert sorted(rows) == sorted(fields), (
+        f"docs/adapters.md's field table names {sorted(rows)}; Support's fields: {sorted(fields)}"
+    )
+    wrong = _check_defaults(rows, {n: v if not isinstance(v, dict) else dict(v)
+                                   for n, v in fields.items()})  # fmt: skip
+    assert not wrong, f"Support defaults documented vs declared: {wrong}"
+
+
+@pytest.mark.parametrize(
+    "table, names",
+    [("capability", CAPABILITIES), ("forward argument", ARGUMENTS), ("output", OUTPUTS)],
+)
+def test_name_tables_are_the_declarations_vocabulary(doc_tables, table, names):
+    documented = [n for r in doc_tables[table] for n in _names(r[table])[:1]]
+    assert sorted(documented) == sorted(names), (
+        f"docs/adapters.md's {table} table names {sorted(documented)}; "
+        f"suites/adapters/support.py: {sorted(names)}"
+    )
+
+
+def test_attribute_table_is_adapter(doc_tables):
+    declared = declarations()
+    rows = {n: r for r in doc_tables["attribute"] for n in _names(r["attribute"])[:1]}
+    unknown = sorted(n for n in rows if n not in declared)
+    assert not unknown, f"documented, but Adapter has no such attribute: {unknown}"
+    undocumented = sorted(set(declared) - set(rows) - OUTSIDE_TABLES)
+    assert not undocumented, f"Adapter declarations not in docs/adapters.md: {undocumented}"
+    wrong = _check_defaults(rows, declared)
     assert not wrong, f"defaults documented vs Adapter's: {wrong}"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from reports.model import load_report
-from suites.adapters import ADAPTERS, CAPABILITIES
+from te_conformance.reports.model import load_report
+from te_conformance.suites.adapters import ADAPTERS, CAPABILITIES
+from te_conformance.suites.adapters.base import Adapter, Support
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "adapter_fixtures"
@@ -23,35 +24,94 @@ PROBLEMS = (
 
 
 def test_te_fast_declares_every_capability():
-    assert {c: ADAPTERS["te_fast"].lacks(c) for c in CAPABILITIES} == dict.fromkeys(CAPABILITIES)
+    te_fast = ADAPTERS["te_fast"]
+    assert {c: te_fast.declines(needs=(c,), device="cuda") for c in CAPABILITIES} == {
+        c: [] for c in CAPABILITIES
+    }
 
 
 def test_sdpa_lacks_dropout_and_validation_with_reasons():
     sdpa = ADAPTERS["torch.sdpa"]
-    assert sdpa.lacks("capturable") is None and sdpa.lacks("sync_free") is None
-    assert "does not pass dropout_p" in sdpa.lacks("dropout")
-    assert sdpa.lacks("dropout_ctx").startswith("torch.sdpa lacks dropout_ctx")
-    assert sdpa.lacks("validates_arguments").startswith("torch.sdpa lacks validates_arguments")
+
+    def lacks(capability):
+        found = sdpa.declines(needs=(capability,), device="cpu")
+        return found[0].text if found else None
+
+    assert lacks("capturable") is None and lacks("sync_free") is None
+    assert "does not pass dropout_p" in lacks("dropout")
+    assert lacks("dropout_ctx").startswith("torch.sdpa lacks dropout_ctx")
+    assert lacks("validates_arguments").startswith("torch.sdpa lacks validates_arguments")
+    (reason,) = sdpa.declines(needs=("dropout",), device="cpu")
+    assert reason.feature == "dropout"
 
 
 def test_capability_on_a_device():
     """capability_devices narrows a capability to device types; elsewhere it is lacking, with
-    why_not's reason."""
+    the declaration's reason."""
     sdpa = ADAPTERS["torch.sdpa"]
-    assert sdpa.lacks("deterministic") is None and sdpa.lacks_on("deterministic", "cpu") is None
-    reason = sdpa.lacks_on("deterministic", "cuda")
-    assert reason.startswith("torch.sdpa lacks deterministic on cuda") and "cuDNN" in reason
-    assert ADAPTERS["te_fast"].lacks_on("deterministic", "cuda") is None
-    assert sdpa.lacks_on("dropout", "cpu") == sdpa.lacks("dropout")
+    assert sdpa.support.has("deterministic") and sdpa.support.has("deterministic", "cpu")
+    (reason,) = sdpa.declines(needs=("deterministic",), device="cuda")
+    assert reason.text.startswith("torch.sdpa lacks deterministic on cuda")
+    assert "cuDNN" in reason.text
+    assert ADAPTERS["te_fast"].support.has("deterministic", "cuda")
+    assert [r.text for r in sdpa.declines(needs=("dropout",), device="cpu")] == [
+        r.text for r in sdpa.declines(needs=("dropout",), device="cuda")
+    ]
 
 
 def test_unknown_capability_is_an_error():
     with pytest.raises(ValueError, match="unknown capability 'dropuot'"):
-        ADAPTERS["te_fast"].lacks("dropuot")
+        ADAPTERS["te_fast"].declines(needs=("dropuot",))
+    with pytest.raises(ValueError, match="unknown"):
+        Support(capabilities=("dropuot",))
+
+
+def test_an_adapter_declaring_the_old_way_is_refused_with_the_way_to_declare():
+    """Support is declared once (Support); the class attributes it replaces are refused at
+    --impl with a message naming them, never silently ignored."""
+    from te_conformance.suites.adapters import _instance
+
+    class Old(Adapter):
+        name = "old"
+        dtypes = ("fp32",)
+        supports_window = False
+
+    with pytest.raises(pytest.UsageError, match=r"old way \(dtypes, supports_window\).*Support"):
+        _instance(Old, "old")
+    assert _instance(ADAPTERS["te_fast"], "te_fast") is ADAPTERS["te_fast"]
+
+
+def test_no_adapter_of_the_project_declares_the_old_way():
+    """Every Adapter class the project ships (the registry, te_ref's, the selftest stand-ins,
+    the examples) declares its support in ``support`` alone: an old class attribute would be
+    ignored wherever the adapter is not selected through --impl."""
+    import importlib
+    import sys
+
+    ROOT = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(ROOT / "examples" / n / "src") for n in ("my_attention", "hf_sdpa")]
+    try:
+        for module in ("te_conformance.suites.adapters.te_ref", "my_attention.adapter",
+                       "tests.adapter_fixtures.selftest_adapters",
+                       "te_conformance.suites.checks.broken_ops"):  # fmt: skip
+            importlib.import_module(module)
+        importlib.import_module("hf_sdpa.adapter")  # imports transformers only when called
+    finally:
+        del sys.path[:2]
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    found = {f"{c.__module__}.{c.__qualname__}": c.old_declarations() for c in subclasses(Adapter)
+             if "<locals>" not in c.__qualname__}  # not a test's own throwaway class
+    assert len(found) >= 8, sorted(found)
+    assert not {n: old for n, old in found.items() if old}
 
 
 def test_impl_help_names_the_registered_adapters():
-    from suites import plugin
+    from te_conformance.suites import plugin
 
     options = {}
 
@@ -85,8 +145,9 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[str, str | None]]:
         "or test_module_rule and cpu and (claims_validation or sdpa) "
         "or test_module_dropout_same_seed and cpu "
         "or test_fp8 and not te_ref and cpu and (sbh3d or three_steps or hybrid)",
-        "suites/test_attention.py", "suites/test_compile.py", "suites/test_bad_input.py",
-        "suites/test_determinism.py", "suites/test_fp8.py",
+        "suites/conformance/test_attention.py", "suites/conformance/test_compile.py",
+        "suites/conformance/test_bad_input.py", "suites/conformance/test_determinism.py",
+        "suites/conformance/test_fp8.py",
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
@@ -94,7 +155,7 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[str, str | None]]:
 
 
 def _attn(name: str) -> str:
-    return f"suites/test_attention.py::{name}"
+    return f"suites/conformance/test_attention.py::{name}"
 
 
 def _dropout_ids(suffix: str) -> dict[str, str]:
@@ -141,7 +202,8 @@ def test_invalid_argument_test_catches_an_adapter_that_does_not_validate(outcome
 
 
 def test_cuda_graph_variants_skip_an_uncapturable_adapter(outcomes):
-    compiled = {i: o for i, o in outcomes.items() if i.startswith("suites/test_compile.py")}
+    compiled = {i: o for i, o in outcomes.items()
+                if i.startswith("suites/conformance/test_compile.py")}  # fmt: skip
     assert len(compiled) >= 26  # the CUDA-graph variants of the compile matrix
     for nodeid, (outcome, reason) in compiled.items():
         assert nodeid.endswith(("selftest.uncapturable.cudagraph]", "cudagraphs_backend]"))
@@ -152,23 +214,20 @@ def test_cuda_graph_variants_skip_an_uncapturable_adapter(outcomes):
 
 
 def _bad_input(problem: str, suffix: str) -> str:
-    return f"suites/test_bad_input.py::test_module_rule[{problem}-cpu{suffix}]"
+    return f"suites/conformance/test_bad_input.py::test_module_rule[{problem}-cpu{suffix}]"
 
 
 def test_bad_input_runs_through_adapters_that_validate(outcomes):
     """test_bad_input's module rules: torch.sdpa skips with its reason; an adapter claiming
     validates_arguments without checking fails every rule it is given (TypeErrors and silent
-    outputs are no ValueError naming the problem) and skips te_fast's own rules."""
-    from suites.test_bad_input import MODULE_PROBLEMS, _te_fast_only
+    outputs are no ValueError naming the problem); te_fast's own rules are not asked of it."""
+    from te_conformance.suites.bad_calls import STANDARD_PROBLEMS, TE_FAST_PROBLEMS
 
-    claims = {p: outcomes[_bad_input(p, "-selftest.claims_validation")] for p in MODULE_PROBLEMS}
-    for problem, (outcome, reason) in claims.items():
-        if _te_fast_only(problem):
-            assert outcome == "skipped" and "te_fast's own rule" in reason, problem
-        else:
-            assert outcome == "failed", problem
-    assert sum(o == "failed" for o, _ in claims.values()) >= 50
-    for problem in MODULE_PROBLEMS:
+    claims = {p: outcomes[_bad_input(p, "-selftest.claims_validation")] for p in STANDARD_PROBLEMS}
+    assert {o for o, _ in claims.values()} == {"failed"}, claims
+    assert len(claims) >= 50
+    assert not [p for p in TE_FAST_PROBLEMS if _bad_input(p, "") in outcomes]
+    for problem in STANDARD_PROBLEMS:
         outcome, reason = outcomes[_bad_input(problem, "-torch.sdpa")]
         assert outcome == "skipped" and "lacks validates_arguments" in reason, problem
 
@@ -177,7 +236,9 @@ def test_determinism_runs_through_adapters(outcomes):
     """test_module_dropout_same_seed per adapter: te_fast keeps its id and passes, torch.sdpa
     skips (no dropout), an adapter that ignores dropout fails (another seed, the same output)."""
     got = {
-        name: outcomes[f"suites/test_determinism.py::test_module_dropout_same_seed[cpu{suffix}]"]
+        name: outcomes[
+            f"suites/conformance/test_determinism.py::test_module_dropout_same_seed[cpu{suffix}]"
+        ]
         for name, suffix in (("te_fast", ""), ("sdpa", "-torch.sdpa"),
                              ("ignores", "-selftest.ignores_dropout"),
                              ("fixed", "-selftest.fixed_dropout"))
@@ -190,7 +251,7 @@ def test_determinism_runs_through_adapters(outcomes):
 def _fp8(outcomes, test: str, suffix: str) -> dict[str, tuple[str, str | None]]:
     """The CPU cases of test_fp8.py's ``test`` run for the adapter whose id suffix is ``suffix``
     ("" for te_fast): the id's leading part -> (outcome, skip reason)."""
-    head, tail = f"suites/test_fp8.py::{test}[", f"cpu{suffix}]"
+    head, tail = f"suites/conformance/test_fp8.py::{test}[", f"cpu{suffix}]"
     return {
         nodeid[len(head) : -len(tail)]: got
         for nodeid, got in outcomes.items()
@@ -218,7 +279,7 @@ def test_fp8_runs_through_adapters(outcomes):
     }
     assert set(sdpa) == {*emulation, *three}
     for outcome, reason in sdpa.values():
-        assert outcome == "skipped" and reason.startswith("torch.sdpa does not declare FP8")
+        assert outcome == "skipped" and reason.startswith("torch.sdpa lacks fp8"), reason
     ignored = "-selftest.fp8_ignored"
     got = _fp8(outcomes, "test_fp8_matches_reference_emulation", ignored)
     assert {k: o for k, (o, _) in got.items()} == dict.fromkeys(emulation, "failed")

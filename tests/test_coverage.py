@@ -2,7 +2,8 @@
 runs when an adapter lacks something"): a case that asks for max_logit runs on an adapter that
 returns none, judging every other tensor; test_broad replaces what the adapter declines by the
 nearest value it takes, under the same id; the skip reasons of window and max_logit come from
-why_unsupported; the mask table prints NaN and inf as such. CPU only, a few seconds.
+the support declaration's why; the mask table prints NaN and inf as such. CPU only, a few
+seconds.
 
 The adapters here are torch.sdpa (no max_logit, window, bias, sink, padding, thd), a variant of
 it with a wrong output (a test that runs a case must also fail it), and a naive softmax whose
@@ -17,14 +18,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from reports import record
-from suites import test_attention, test_semantics, test_semantics_values
-from suites.adapters import ADAPTERS
-from suites.adapters.base import Adapter
-from suites.adapters.torch_sdpa import TorchSdpa
-from suites.cases import AttnCase, broad_matrix, sized
-from suites.checks import coverage
-from suites.checks.attention import check_case
+from te_conformance.reports import record
+from te_conformance.suites.adapters import ADAPTERS
+from te_conformance.suites.adapters.base import Adapter, Support
+from te_conformance.suites.adapters.torch_sdpa import TorchSdpa
+from te_conformance.suites.cases import BROAD_COUNT, AttnCase, broad_matrix, sized
+from te_conformance.suites.checks import coverage, mask_table
+from te_conformance.suites.checks.attention import check_case
+from te_conformance.suites.conformance import test_attention, test_semantics_values
 from te_ref.layouts import LAYOUTS
 
 SDPA = ADAPTERS["torch.sdpa"]
@@ -65,25 +66,27 @@ def runs(test, *args) -> None:
 
 
 def _broad(case_id: str) -> AttnCase:
-    (case,) = [c for c in broad_matrix("cpu", test_attention.BROAD_COUNT["cpu"]) if c.id == case_id]
+    (case,) = [c for c in broad_matrix("cpu", BROAD_COUNT["cpu"]) if c.id == case_id]
     return case
 
 
 # ----------------------------------------------------------------------------- reasons
 
 
-def test_window_and_max_logit_reasons_come_from_why_unsupported():
+def test_window_and_max_logit_reasons_come_from_the_declaration():
     class Plain(Adapter):
         name = "plain"
-        supports_window = supports_max_logit = False
-        why_unsupported = {"window": "no band here", "max_logit": "only the output"}
+        support = Support(arguments=(), outputs=(),
+                          why={"window_size": "no band here", "max_logit": "only the output"})
 
     case = AttnCase("bshd_bshd_bshd", "fp32", "causal", "cpu", window=(3, 0),
                     return_max_logit=True)  # fmt: skip
-    assert Plain().not_supported_reasons(case) == [
+    declined = Plain().declines(case)
+    assert [r.text for r in declined] == [
+        "plain takes no window_size (a sliding window): no band here",
         "plain does not return max_logit: only the output",
-        "plain has no sliding window: no band here",
     ]
+    assert [r.feature for r in declined] == ["window", "max_logit"]
 
 
 # ----------------------------------------------------------------------------- max_logit
@@ -106,7 +109,7 @@ def test_a_max_logit_case_runs_without_it_and_judges_the_rest():
 def test_te_fast_runs_every_case_as_asked():
     """te_fast takes every matrix case as asked: nothing is left out, substituted or recorded."""
     te_fast = ADAPTERS["te_fast"]
-    for device, count in test_attention.BROAD_COUNT.items():
+    for device, count in BROAD_COUNT.items():
         for case in broad_matrix(device, count):
             assert coverage.runnable(te_fast, case, substitute=True) == (case, {}), case.id
 
@@ -118,13 +121,13 @@ def test_bias_example_runs_without_max_logit():
     with recorded() as fields:
         runs(test_semantics_values.test_bias_example, SDPA, row, "fp32", "cpu")
     assert set(fields["not_judged"]) == {"max_logit"}
-    with pytest.raises(AssertionError, match="differences from the literals"):
+    with pytest.raises(AssertionError, match=r"out: max \|impl - ref64\|"):
         test_semantics_values.test_bias_example(OffSdpa(), row, "fp32", "cpu")
 
 
 def test_mask_table_max_logit_variant_runs_without_it():
     with recorded() as fields:
-        runs(test_semantics.run_table, SDPA, "sbhd_max_logit", "arbitrary", "fp32", "cpu")
+        runs(mask_table.run_table, SDPA, "sbhd_max_logit", "arbitrary", "fp32", "cpu")
     assert set(fields["not_judged"]) == {"max_logit"}
 
 
@@ -172,9 +175,8 @@ def test_broad_leaves_out_max_logit_and_substitutes_the_rest():
 def test_broad_substitutes_the_nearest_and_only_what_is_declined():
     class NoWindow(TorchSdpa):  # sdpa with every layout and mask type, no padding mask
         name = "no_window"
-        layouts = tuple(LAYOUTS)
-        mask_types = ("no_mask", "causal", "causal_bottom_right", "arbitrary")
-        supports_padding_mask = False
+        support = replace(TorchSdpa.support, layouts=tuple(LAYOUTS), rules=(),
+                          mask_types=("no_mask", "causal", "causal_bottom_right", "arbitrary"))
 
     # padding_from="mask" means nothing without a padding type: it stays as asked
     case = sized(AttnCase("bshd_bs2hd", "fp32", "causal_bottom_right", device="cpu",
@@ -195,7 +197,7 @@ def test_broad_skips_only_where_no_variant_runs():
     assert coverage.runnable(SDPA, case, substitute=True) is None
     with pytest.raises(pytest.skip.Exception) as skipped:
         test_attention.test_broad(SDPA, case)
-    assert str(skipped.value) == "; ".join(SDPA.not_supported_reasons(case))
+    assert str(skipped.value) == "; ".join(r.text for r in SDPA.declines(case))
 
 
 # ----------------------------------------------------------------------------- the mask table
@@ -206,12 +208,9 @@ class NaiveAttention(Adapter):
     comes out NaN (SPEC §2.4 wants 0). bshd, an arbitrary mask only."""
 
     name = "naive"
-    layouts = ("bshd_bshd_bshd",)
-    mask_types = ("arbitrary",)
-    bias_types = ("no_bias",)
-    softmax_types = ("vanilla",)
-    supports_max_logit = supports_window = supports_bottom_right_diagonal = False
-    default = False
+    support = Support(layouts=("bshd_bshd_bshd",), mask_types=("arbitrary",),
+                      bias_types=("no_bias",), softmax_types=("vanilla",), arguments=(),
+                      outputs=())  # fmt: skip
 
     def build(self, case, scale, dropout=0.0, dropout_ctx=None):
         class Naive(torch.nn.Module):
@@ -225,14 +224,14 @@ class NaiveAttention(Adapter):
 
 def test_render_shows_nan_and_inf():
     p = torch.tensor([[float("nan"), float("nan")], [0.0, 0.5], [float("inf"), -float("inf")]])
-    assert test_semantics._render(p) == "NN .1 II (N = NaN, I = inf or -inf)"
-    assert test_semantics._render(torch.tensor([[0.0, 0.25]])) == ".1"
+    assert mask_table._render(p) == "NN .1 II (N = NaN, I = inf or -inf)"
+    assert mask_table._render(torch.tensor([[0.0, 0.25]])) == ".1"
 
 
 def test_mask_table_failure_shows_nan_rows_as_nan():
     """The user's mask (head 0) masks row 1 fully: SPEC §2.4 wants 0 there, the naive softmax
     gives NaN; the message must say NaN, not draw the row as kept."""
     with pytest.raises(AssertionError) as failed:
-        test_semantics.run_table(NaiveAttention(), "bshd", "arbitrary", "fp32", "cpu")
+        mask_table.run_table(NaiveAttention(), "bshd", "arbitrary", "fp32", "cpu")
     message = str(failed.value)
     assert "expected .1111 ..... 1111., got .1111 NNNNN 1111. (N = NaN)" in message, message

@@ -25,11 +25,11 @@ import contextlib, importlib, json, os, sys
 for name in sys.argv[1:]:  # the extra imports come first
     importlib.import_module(name)
 
-from suites.fuzz import profiles
+from te_conformance.suites.fuzz import profiles
 
 profiles.register()
-from suites.adapters import ADAPTERS
-from suites.fuzz import strategies as fs
+from te_conformance.suites.adapters import ADAPTERS
+from te_conformance.suites.fuzz import strategies as fs
 
 if os.environ.get("UNPINNED"):  # the control: hypothesis' pool of local constants left alone
     fs.pinned_constants = contextlib.nullcontext
@@ -57,7 +57,8 @@ POOL = "VALUES = ({})\nFLOATS = ({})\nWORDS = ({})\n".format(
     ", ".join(f"{i / 7:.6f}" for i in range(1, 200)),
     ", ".join(repr(f"w{i}") for i in range(50)),
 )
-EXTRA = ["constants_pool", "reports.render", "suites.te_deviations", "suites.mutation.catalogue"]
+EXTRA = ["constants_pool", "te_conformance.reports.render", "te_conformance.suites.te_deviations",
+         "tools.mutation.catalogue"]  # fmt: skip
 
 
 def _draws(tmp_path: Path, extra: list[str], unpinned: bool = False) -> dict:
@@ -92,13 +93,14 @@ def test_draws_do_not_depend_on_other_imports(tmp_path):
 
 
 def test_draws_follow_the_key():
-    from suites.fuzz import strategies as fs
+    from te_conformance.suites.fuzz import strategies as fs
 
     seen: dict[str, list] = {}
-    for key in ("suites/test_fuzz.py::a", "suites/test_fuzz.py::b", "suites/test_fuzz.py::a"):
+    a_key, b_key = "suites/conformance/test_fuzz.py::a", "suites/conformance/test_fuzz.py::b"
+    for key in (a_key, b_key, a_key):
         got: list[str] = []
         fs.fuzz(lambda ex, device, got=got: got.append(repr(ex)),
                 fs.convert_examples("bshd_to_thd"), "cpu", 15, shrink=False, key=key)  # fmt: skip
         seen.setdefault(key, []).append(got)
-    (a1, a2), (b,) = seen["suites/test_fuzz.py::a"], seen["suites/test_fuzz.py::b"]
+    (a1, a2), (b,) = seen[a_key], seen[b_key]
     assert a1 == a2 and a1 != b

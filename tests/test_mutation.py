@@ -1,4 +1,4 @@
-"""The mutation harness (suites/mutation/) and its catalogue: every planted defect still matches
+"""The mutation harness (tools/mutation/) and its catalogue: every planted defect still matches
 the tree exactly once, and the harness tells a caught defect from a survivor, an error and a
 defect it cannot run, on a toy project small enough for CI."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from reports.model import build_report
-from reports.render import MUTATION_FILE, render
-from suites.mutation import harness as mut
-from suites.mutation.catalogue import (
+from te_conformance.reports.model import build_report
+from te_conformance.reports.render import MUTATION_FILE, render
+from tools.mutation import harness as mut
+from tools.mutation.catalogue import (
     BY_NAME,
     DEFECTS,
     DEVICES,
@@ -87,7 +87,7 @@ def test_suite_sets_exist():
 
 def test_list_prints_one_line_per_defect():
     out = subprocess.run(
-        [sys.executable, "-m", "suites.mutation", "--list"],
+        [sys.executable, "-m", "tools.mutation", "--list"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
     ).stdout.splitlines()  # fmt: skip
     assert len(out) == len(DEFECTS)

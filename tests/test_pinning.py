@@ -2,7 +2,7 @@
 
 import pytest
 
-from suites import pinning
+from te_conformance.suites import pinning
 
 
 @pytest.mark.parametrize(

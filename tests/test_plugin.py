@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-import suites
-from suites.adapters import ADAPTERS, ENTRY_POINT_GROUP, entry_point_names, resolve
-from suites.adapters.base import Adapter
-from suites.cases import AttnCase
+import te_conformance.suites as suites
+from te_conformance.suites.adapters import ADAPTERS, ENTRY_POINT_GROUP, entry_point_names, resolve
+from te_conformance.suites.adapters.base import Adapter, Support
+from te_conformance.suites.cases import AttnCase
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_SRC = ROOT / "examples" / "my_attention" / "src"
 
 FAKE_ADAPTER = '''
-from suites.adapters.torch_sdpa import TorchSdpa
+from te_conformance.suites.adapters.torch_sdpa import TorchSdpa
 
 
 class FakeSdpa(TorchSdpa):
@@ -87,7 +87,8 @@ def test_entry_point_resolves(fake_distribution):
 def test_module_class_route_runs_the_suites():
     """The example adapter named by module:Class (not installed, only importable)."""
     result = _pytest(
-        ["-q", "--impl", "my_attention.adapter:MyAttentionAdapter", "suites/test_attention.py",
+        ["-q", "--impl", "my_attention.adapter:MyAttentionAdapter",
+         "suites/conformance/test_attention.py",
          "-k", "test_core and (bshd_bshd_bshd-fp32-causal-cpu"
          " or thd_thd_thd-fp32-padding_causal-cpu)"],
         ROOT, _child_env(EXAMPLE_SRC),
@@ -99,7 +100,7 @@ def test_module_class_route_runs_the_suites():
 
 def test_entry_point_route_runs_the_suites(fake_distribution):
     result = _pytest(
-        ["-q", "-rs", "--impl", "fake_sdpa", "suites/test_attention.py",
+        ["-q", "-rs", "--impl", "fake_sdpa", "suites/conformance/test_attention.py",
          "-k", "test_core and bshd_bshd_bshd-fp32 and cpu and (causal or padding_causal)"],
         ROOT, _child_env(fake_distribution),
     )  # fmt: skip
@@ -116,11 +117,13 @@ def test_impl_help_lists_entry_points(fake_distribution):
 
 def test_plugin_loads_outside_the_checkout(tmp_path):
     """The pytest11 entry point gives --impl, the markers and the fixtures to a pytest started
-    anywhere: `pytest --pyargs suites...` (before: "no option named '--impl'")."""
-    if "suites.plugin" not in {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}:
+    anywhere: `pytest --pyargs te_conformance.suites...` (before: "no option named '--impl'")."""
+    points = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    if "te_conformance.suites.plugin" not in points:
         pytest.skip("te-conformance is not installed (pip install -e .): no pytest11 entry point")
     result = _pytest(
-        ["-q", "--strict-markers", "--pyargs", "suites.test_attention", "--impl", "torch.sdpa",
+        ["-q", "--strict-markers", "--pyargs", "te_conformance.suites.conformance.test_attention",
+         "--impl", "torch.sdpa",
          "-k", "test_core and bshd_bshd_bshd-fp32-causal-cpu"],
         tmp_path, _child_env(),
     )  # fmt: skip
@@ -133,7 +136,7 @@ def test_plugin_registered_once_inside_the_checkout():
     autoloading off, conftest.py alone loads it."""
     for env in ({}, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}):
         result = _pytest(
-            ["--collect-only", "-q", "--impl", "torch.sdpa", "suites/test_attention.py",
+            ["--collect-only", "-q", "--impl", "torch.sdpa", "suites/conformance/test_attention.py",
              "-k", "test_core and bshd_bshd_bshd-fp32-causal-cpu"],
             ROOT, {**_child_env(), **env},
         )  # fmt: skip
@@ -142,34 +145,37 @@ def test_plugin_registered_once_inside_the_checkout():
         assert "test_core[bshd_bshd_bshd-fp32-causal-cpu-torch.sdpa]" in out, out[-3000:]
 
 
-def test_optional_argument_flags_skip_with_reasons():
+def test_optional_arguments_skip_with_reasons():
     class Plain(Adapter):
         name = "plain"
-        supports_bottom_right_diagonal = supports_alibi_slopes = False
-        supports_softmax_offset = supports_cu_seqlens_padding = supports_padding_mask = False
-        why_unsupported = {"bottom_right_diagonal": "no alignment override"}
+        support = Support(arguments=("window_size",),
+                          why={"bottom_right_diagonal": "no alignment override"})
 
     plain = Plain()
     case = AttnCase("bshd_bshd_bshd", "fp32", "causal", "cpu", bottom_right_diagonal=True)
-    assert plain.not_supported_reasons(case) == [
-        "plain takes no bottom_right_diagonal (alignment override): no alignment override"
+    assert [r.text for r in plain.declines(case)] == [
+        "plain takes no bottom_right_diagonal (an alignment override): no alignment override"
     ]
     cases = {
-        "alibi_slopes": AttnCase("bshd_bshd_bshd", "fp32", "causal", "cpu", bias_type="alibi",
-                                 alibi_slopes="h"),
-        "softmax_offset": AttnCase("bshd_bshd_bshd", "fp32", "causal", "cpu",
-                                   softmax_type="learnable"),
-        "cu_seqlens_q/cu_seqlens_kv": AttnCase("bshd_bshd_bshd", "fp32", "padding", "cpu"),
-        "attention_mask as a padding mask": AttnCase("bshd_bshd_bshd", "fp32", "padding", "cpu",
-                                                     padding_from="mask"),
+        ("alibi_slopes", "alibi"): AttnCase("bshd_bshd_bshd", "fp32", "causal", "cpu",
+                                            bias_type="alibi", alibi_slopes="h"),
+        ("softmax_offset", "softmax_learnable"): AttnCase("bshd_bshd_bshd", "fp32", "causal",
+                                                          "cpu", softmax_type="learnable"),
+        ("cu_seqlens_q/cu_seqlens_kv", "mask_padding"): AttnCase("bshd_bshd_bshd", "fp32",
+                                                                 "padding", "cpu"),
+        ("attention_mask as a padding mask", "mask_padding"): AttnCase(
+            "bshd_bshd_bshd", "fp32", "padding", "cpu", padding_from="mask"),
+        ("attention_mask as a padding mask", "mask_padding_causal"): AttnCase(
+            "bshd_bshd_bshd", "fp32", "padding_causal", "cpu", padding_from="mask_left"),
     }  # fmt: skip
-    for what, case in cases.items():
-        (reason,) = plain.not_supported_reasons(case)
-        assert reason.startswith(f"plain takes no {what}"), reason
+    for (what, feature), case in cases.items():
+        (reason,) = plain.declines(case)
+        assert reason.text.startswith(f"plain takes no {what}"), reason
+        assert reason.feature == feature, reason
     # thd passes cu_seqlens as its layout's own argument, not as padding lengths
     thd = AttnCase("thd_thd_thd", "fp32", "padding", "cpu")
-    assert plain.not_supported_reasons(thd) == []
-    assert ADAPTERS["te_fast"].unsupported_arguments(cases["alibi_slopes"]) == []
+    assert plain.declines(thd) == []
+    assert ADAPTERS["te_fast"].declines(cases[("alibi_slopes", "alibi")]) == []
 
 
 def _installed_non_editable() -> str | None:
@@ -189,11 +195,12 @@ def _installed_non_editable() -> str | None:
 @pytest.mark.slow
 @pytest.mark.skipif(_installed_non_editable() is not None, reason=str(_installed_non_editable()))
 def test_installed_package_runs_the_suites_from_anywhere(tmp_path):
-    """`pip install .` (not -e) then `pytest --pyargs suites` from outside the checkout: the
-    wheel carries the suites, the plugin and everything they import."""
+    """`pip install .` (not -e) then `pytest --pyargs te_conformance.suites` from outside the
+    checkout: the wheel carries the suites, the plugin and everything they import."""
     (tmp_path / "conftest.py").write_text("")  # nothing of the checkout's
     result = _pytest(
-        ["-q", "--pyargs", "suites.test_attention", "suites.test_dropout", "-m", "not gpu",
+        ["-q", "--pyargs", "te_conformance.suites.conformance.test_attention",
+         "te_conformance.suites.conformance.test_dropout", "-m", "not gpu",
          "-k", "test_core and bshd_bshd_bshd-fp32 or test_dropout_zero_is_identity"],
         tmp_path, {k: v for k, v in _child_env().items() if k != "PYTHONPATH"},
     )  # fmt: skip

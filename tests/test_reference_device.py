@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from suites import devices
+from te_conformance.suites import devices
 
 
 @pytest.fixture

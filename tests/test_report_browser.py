@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from test_reports_e2e import child_env, make_suite, run_pytest
 
-from reports import baseline as B
-from reports.__main__ import main
-from reports.browser import (
+from te_conformance.reports import baseline as B
+from te_conformance.reports.__main__ import main
+from te_conformance.reports.browser import (
     INSTALL_HINT,
     Chromium,
     external_references,
@@ -24,8 +24,8 @@ from reports.browser import (
     png_tag,
     tag_png,
 )
-from reports.model import load_report
-from reports.render import outcome_counts, render, summary_line
+from te_conformance.reports.model import load_report
+from te_conformance.reports.render import outcome_counts, render, summary_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,7 +163,8 @@ def test_static_check_sees_what_loads_and_not_what_is_text():
 
 
 def test_screenshot_command_checks_the_page_and_writes_the_png(browser, report_json, tmp_path):
-    """`python -m reports screenshot` (how docs/report_h100.png is made): the first viewport."""
+    """`python -m te_conformance screenshot` (how docs/report_h100.png is made): the first
+    viewport."""
     out = tmp_path / "docs" / "shot.png"
     assert main(["screenshot", str(report_json), "-o", str(out), "--height", "900"]) == 0
     assert png_size(out.read_bytes()) == (1280, 900)
@@ -195,7 +196,9 @@ def test_readme_screenshot_shows_the_current_gpu_baseline():
     """docs/report_h100.png is the screenshot command's picture of the GPU run that made
     reports/baseline/h100.json (that run's report.json is not committed: the baseline keeps what
     it judged, compactly), and records which run it shows: a new baseline needs a new picture."""
-    regenerate = "python -m reports screenshot <that run's report.json> -o docs/report_h100.png"
+    regenerate = (
+        "python -m te_conformance screenshot <that run's report.json> -o docs/report_h100.png"
+    )
     tag = png_tag((ROOT / "docs" / "report_h100.png").read_bytes())
     assert tag is not None, f"docs/report_h100.png does not say what it shows; run: {regenerate}"
     made = B.load(ROOT / "reports" / "baseline" / "h100.json").made_from

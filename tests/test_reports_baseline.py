@@ -9,11 +9,17 @@ import sys
 
 import pytest
 
-from reports import baseline as B
-from reports.__main__ import main
-from reports.compare import compare
-from reports.model import ReportError, build_report, case_key, run_scope, write_report
-from reports.plugin import in_shard
+from te_conformance.reports import baseline as B
+from te_conformance.reports.__main__ import main
+from te_conformance.reports.compare import compare
+from te_conformance.reports.model import (
+    ReportError,
+    build_report,
+    case_key,
+    run_scope,
+    write_report,
+)
+from te_conformance.reports.plugin import in_shard
 
 FP = {"cpu": "AMD EPYC", "cpu_capability": "AVX512", "isa_variables": {}, "gpus": [],
       "torch": "2.13.0+cpu", "torch_cuda": None}  # fmt: skip
@@ -56,11 +62,12 @@ def names(result, category):
 
 
 def test_case_key_is_the_file_stem_and_the_test():
-    assert case_key("suites/test_attention.py::test_core[bf16-a::b]") == (
+    assert case_key("suites/conformance/test_attention.py::test_core[bf16-a::b]") == (
         "test_attention::test_core[bf16-a::b]"
     )
     # the same case installed elsewhere, or moved to another folder, keeps its key
-    assert case_key("../site-packages/suites/test_attention.py::test_core[bf16-a::b]") == (
+    installed = "../site-packages/suites/conformance/test_attention.py::test_core[bf16-a::b]"
+    assert case_key(installed) == (
         "test_attention::test_core[bf16-a::b]"
     )
     assert case_key("suites/conformance/test_attention.py::T::test_x") == (
@@ -187,6 +194,22 @@ def test_the_rename_map_carries_moved_tests(tmp_path):
         B.add_rename(path, "test_x::test_gone", "test_x::test_new")
 
 
+def test_a_test_moved_to_another_file_takes_that_files_path(tmp_path):
+    """A rename across files (a test split out of its file into a room of its own): where the
+    baseline knows the new file, the moved cases' node ids are under it, so that a run of that
+    file alone still answers for them (a vanished case there is missing)."""
+    path = tmp_path / "cpu.json"
+    B.write(B.from_report(report(case("suites/test_x.py::test_old[1]"),
+                                 case("suites/room/test_y.py::test_kept"))), path)  # fmt: skip
+    assert main(["rename", str(path), "test_x::test_old", "test_y::test_old"]) == 0
+    (entry,) = [e for e in B.load(path).entries.values() if e.key == "test_y::test_old[1]"]
+    assert entry.nodeid == "suites/room/test_y.py::test_old[1]"
+    scoped = report(case("suites/room/test_y.py::test_kept"))
+    scoped["environment"]["selection"] = {"paths": ["suites/room/test_y.py"]}
+    missing = compare(scoped, B.load(path)).items["missing"]
+    assert [nodeid for nodeid, _ in missing] == ["suites/room/test_y.py::test_old[1]"]
+
+
 def test_update_baseline_writes_the_compact_form(tmp_path):
     new, base = tmp_path / "new.json", tmp_path / "base.json"
     write_report(report(case("suites/test_x.py::test_a")), new)
@@ -210,8 +233,8 @@ def test_a_subset_run_with_a_case_removed_fails_naming_it(tmp_path):
     )
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "pytest", "-p", "reports.plugin", "-p", "no:cacheprovider",
-           "-q", "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"),
+    cmd = [sys.executable, "-m", "pytest", "-p", "te_conformance.reports.plugin", "-p",
+           "no:cacheprovider", "-q", "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"),
            "--te-report", str(out), "-k", "softmax and fwd", str(tiny)]  # fmt: skip
     subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, timeout=120)
     full = json.loads(out.read_text())
@@ -221,7 +244,7 @@ def test_a_subset_run_with_a_case_removed_fails_naming_it(tmp_path):
     gone = full["cases"].pop(0)["nodeid"]
     less = tmp_path / "less.json"
     less.write_text(json.dumps(full))
-    proc = subprocess.run([sys.executable, "-m", "reports", "compare", str(less), str(out)],
+    proc = subprocess.run([sys.executable, "-m", "te_conformance", "compare", str(less), str(out)],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 1, proc.stdout
     assert "missing cases" in proc.stdout and gone in proc.stdout

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from reports import baseline as B
-from reports.merge import merge_reports
-from reports.model import load_report
+from te_conformance.reports import baseline as B
+from te_conformance.reports.merge import merge_reports
+from te_conformance.reports.model import load_report
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "reports_fixtures" / "tiny_suite.py"
@@ -37,7 +37,7 @@ def make_suite(tmp: Path, **flags) -> Path:
     for name, value in flags.items():
         text = text.replace(f"{name} = {not value}", f"{name} = {value}")
     (tmp / "test_tiny.py").write_text(text)
-    (tmp / "conftest.py").write_text('pytest_plugins = ["reports.plugin"]\n')
+    (tmp / "conftest.py").write_text('pytest_plugins = ["te_conformance.reports.plugin"]\n')
     (tmp / "pytest.ini").write_text("[pytest]\n")
     return tmp
 
@@ -205,7 +205,7 @@ def test_no_report_without_option(tmp_path):
     assert not list(suite.glob("*.json"))
 
 
-# ---------------------------------------------------------------- python -m reports run
+# ---------------------------------------------------------------- python -m te_conformance run
 
 
 def run_cli(suite: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
@@ -305,9 +305,9 @@ def test_stopped_run_leaves_a_partial_report(tmp_path, target):
     (suite / "test_slow.py").write_text(SLOW_SUITE)
     (suite / "pytest.ini").write_text("[pytest]\n")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "reports", "run", "--out", str(out), "--no-compare", "-n", "2",
-           "-p", "no:cacheprovider", "--rootdir", str(suite), "-c", str(suite / "pytest.ini"),
-           str(suite)]  # fmt: skip
+    cmd = [sys.executable, "-m", "te_conformance", "run", "--out", str(out), "--no-compare",
+           "-n", "2", "-p", "no:cacheprovider", "--rootdir", str(suite), "-c",
+           str(suite / "pytest.ini"), str(suite)]  # fmt: skip
     proc = subprocess.Popen(
         cmd,
         cwd=suite,

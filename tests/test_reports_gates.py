@@ -12,12 +12,12 @@ import pytest
 from test_reports_e2e import child_env, make_suite
 from test_reports_unit import BASE, case, changed, names, report, write
 
-from reports import baseline as B
-from reports.__main__ import main
-from reports.compare import compare, format_comparison
-from reports.merge import merge_reports
-from reports.model import ReportError, build_report, load_report, write_report
-from reports.render import (
+from te_conformance.reports import baseline as B
+from te_conformance.reports.__main__ import main
+from te_conformance.reports.compare import compare, format_comparison
+from te_conformance.reports.merge import merge_reports
+from te_conformance.reports.model import ReportError, build_report, load_report, write_report
+from te_conformance.reports.render import (
     failure_entries,
     heatmap_cells,
     render_html,
@@ -184,22 +184,29 @@ def test_the_verdict_is_shown_in_markdown_and_html():
     assert '<p class="verdict NO-BASELINE">Verdict: NO BASELINE' in render_html(first)
 
 
-def test_skip_reasons_are_grouped_once_per_reason():
-    reasons = ["b; a", "a; b", "a; b; a", "reason: c", "c"]
-    cases = [case(f"t.py::test_{i}", "skipped", ratio=None) for i in range(len(reasons))]
-    for c, reason in zip(cases, reasons):
-        c["skip_reason"] = reason
-    cases[3]["outcome"] = "xfailed"
+def test_skip_reasons_are_grouped_by_kind_and_recorded_reasons():
+    """One row per recorded kind and set of recorded reasons (reports.record.skip), each reason
+    once and sorted; a skip recorded by no suite is "unrecorded" with its text; the text of a
+    recorded skip is never parsed."""
+    recorded = [("declined", ["b", "a"]), ("declined", ["a", "b"]), ("declined", ["a", "b", "a"]),
+                ("environment", ["a; b"]), (None, None)]  # fmt: skip
+    cases = [case(f"t.py::test_{i}", "skipped", ratio=None) for i in range(len(recorded) + 1)]
+    for c, (kind, reasons) in zip(cases, recorded):
+        c["skip_reason"] = "; ".join(reasons) if reasons else "c"
+        if kind:
+            c["skip"] = {"kind": kind, "reasons": [{"text": r, "feature": None} for r in reasons]}
+    cases[-1]["outcome"], cases[-1]["skip_reason"] = "xfailed", "known failure: c"
     table = next(t for t in tables(report(*cases)) if t.title == "Skip reasons")
-    assert table.rows == [["a; b", 3], ["c", 1], ["xfail: c", 1]]
+    assert table.rows == [["declined", "a; b", 3], ["environment", "a; b", 1],
+                          ["unrecorded", "c", 1], ["xfail", "known failure: c", 1]]  # fmt: skip
 
 
 def test_failure_text_appears_once_with_a_reproducer_and_named_axes():
     msg = "AssertionError: out: max |impl - ref64| = 3e-3 > bound 1e-3; worst at [0, 1, 2]"
     fuzz = case("s/test_fuzz.py::test_softmax", "failed", ratio=None)
     fuzz["message"] = "AssertionError: softmax off"
-    fuzz["longrepr"] = ("def test():\n>   check()\nE   AssertionError: softmax off\n"
-                        "E   reproduce: python -m suites.fuzz softmax --seed 3")  # fmt: skip
+    fuzz["longrepr"] = "def test():\n>   check()\nE   AssertionError: softmax off"
+    fuzz["reproducer"] = "python -c 'check_softmax_example(...)'"  # the test recorded it
     attn = case("s/test_attention.py::test_core[bshd]", "failed", ratio=3.0,
                 layout="bshd_bshd_bshd", dtype="bf16")  # fmt: skip
     attn["message"] = msg
@@ -207,11 +214,11 @@ def test_failure_text_appears_once_with_a_reproducer_and_named_axes():
     attn["tensors"][1]["worst_index"] = [0, 1, 2]
     r = report(fuzz, attn, pytest_args=["--impl", "te_fast", "-n", "auto"])
     comparison = compare(r, report(case(attn["nodeid"]), case(fuzz["nodeid"])))
-    from reports.compare import format_comparison
+    from te_conformance.reports.compare import format_comparison
 
     text = format_comparison(comparison, "new", "base")
     entries = {f.nodeid: f for f in failure_entries(r)}
-    assert entries[fuzz["nodeid"]].reproducer == "python -m suites.fuzz softmax --seed 3"
+    assert entries[fuzz["nodeid"]].reproducer == "python -c 'check_softmax_example(...)'"
     assert entries[attn["nodeid"]].reproducer == (
         "python -m pytest -p no:xdist --impl te_fast 's/test_attention.py::test_core[bshd]'"
     )
@@ -219,7 +226,7 @@ def test_failure_text_appears_once_with_a_reproducer_and_named_axes():
     for rendered in (render_markdown(r, text), render_html(r, text)):
         assert rendered.count("max |impl - ref64| = 3e-3") == 1, rendered
         assert rendered.count("softmax off") == 1
-        assert "python -m suites.fuzz softmax --seed 3" in rendered
+        assert "check_softmax_example(...)" in rendered
         assert "b=0, s=1, hd=2" in rendered
 
 
@@ -243,51 +250,54 @@ def test_failed_cases_are_red_in_the_heatmap():
     assert failed == {("thd", "fp16"): 1, ("bshd", "fp16"): 1}
 
 
-DEVIATIONS = [
-    "TE deviation D1: unbounded window side bounded by the wrong length [TE utils.py:2068-2071] "
-    "reproducer: python -m suites.te_deviations D1",
-    "reason: TE deviation D1: unbounded window side bounded by the wrong length "
-    "[TE utils.py:2068-2071] reproducer: python -m suites.te_deviations D1",
-    "TE deviation D2: softmax offset ignored in the backward [TE softmax.py:10-12] "
-    "reproducer: python -m suites.te_deviations D2",
-    "TE fallback: fused backend refused, unfused path used",
-]
+def deviation(id_: str, title: str, where: str | None, reproducer: str | None) -> dict:
+    """An ``expected`` record of a TE deviation, as the suites' expected outcomes make it."""
+    e = {"source": "te_deviation", "id": id_, "reason": f"why {id_}", "title": title,
+         "checks": ["ratio"], "tensors": [], "strict": True, "outcome": "skipped"}  # fmt: skip
+    e.update({k: v for k, v in (("where", where), ("reproducer", reproducer)) if v})
+    return e
+
+
+D1 = deviation("D1", "unbounded window side bounded by the wrong length", "utils.py:2068-2071",
+               "python -m te_conformance.suites.te_deviations D1")  # fmt: skip
+D2 = deviation("D2", "softmax offset ignored in the backward", "softmax.py:10-12",
+               "python -m te_conformance.suites.te_deviations D2")  # fmt: skip
+FALLBACK = deviation("fallback", "fused backend refused, unfused path used", None, None)
 
 
 def test_te_deviations_are_grouped_in_their_own_section():
-    cases = [case(f"s/t.py::test_{i}", "xfailed", ratio=None) for i in range(len(DEVIATIONS))]
-    for c, reason in zip(cases, DEVIATIONS):
-        c["skip_reason"] = reason
+    """The section reads the cases' expected records (source te_deviation): id, title, TE's
+    lines and the reproducer; nothing is parsed out of a reason's text."""
+    cases = [case(f"s/t.py::test_{i}", "xfailed", ratio=None) for i in range(4)]
+    for c, found in zip(cases, (D1, D1, D2, FALLBACK)):
+        c["skip_reason"] = "the expected differences' labels, never parsed"
+        c["expected"] = [found]
     r = report(*cases, case("s/t.py::other"))
     table = next(t for t in tables(r) if t.title == "TE deviations")
     assert table.rows == [
         ["D1", "unbounded window side bounded by the wrong length", "utils.py:2068-2071", 2,
-         "python -m suites.te_deviations D1"],
+         "python -m te_conformance.suites.te_deviations D1"],
         ["D2", "softmax offset ignored in the backward", "softmax.py:10-12", 1,
-         "python -m suites.te_deviations D2"],
+         "python -m te_conformance.suites.te_deviations D2"],
         ["fallback", "fused backend refused, unfused path used", "-", 1, "-"],
     ]  # fmt: skip
     assert "## TE deviations" in render_markdown(r) and "<h2>TE deviations</h2>" in render_html(r)
     assert all(t.title != "Skip reasons" for t in tables(r))  # each xfail shown once
     plain = report(case("s/t.py::other"))
     assert "TE deviations" not in render_markdown(plain) + render_html(plain)
+    failed = case("s/t.py::failed", "failed", ratio=None)
+    failed["expected"] = [D1]  # an expectation a failing case carried explains nothing
+    assert "TE deviations" not in render_markdown(report(failed))
 
 
 def test_a_case_several_deviations_explain_counts_for_each():
-    """suites/te_deviations joins the reasons of a case several deviations explain with '; ':
-    each deviation gets the case, the fallback's [TE lines] leave its title, and the intro
-    counts the case once."""
+    """Each deviation a case carries gets the case; the intro counts the case once."""
     both = case("s/t.py::test_both", "xfailed", ratio=None)
-    both["skip_reason"] = DEVIATIONS[0] + "; TE fallback: rows uniform [TE utils.py:295] " + (
-        "reproducer: python -m suites.te_deviations fallback"
-    )
+    both["expected"] = [D1, FALLBACK]
     r = report(both)
     table = next(t for t in tables(r) if t.title == "TE deviations")
-    assert table.rows == [
-        ["D1", "unbounded window side bounded by the wrong length", "utils.py:2068-2071", 1,
-         "python -m suites.te_deviations D1"],
-        ["fallback", "rows uniform", "utils.py:295", 1, "python -m suites.te_deviations fallback"],
-    ]  # fmt: skip
+    assert [row[0] for row in table.rows] == ["D1", "fallback"]
+    assert [row[3] for row in table.rows] == [1, 1]
     assert table.note.startswith("1 xfailed case(s)"), table.note
 
 
@@ -295,7 +305,7 @@ def test_a_case_several_deviations_explain_counts_for_each():
 
 
 def run_cli(suite: Path, out: Path, *args: str, pytest_args=()) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "reports", "run", "--out", str(out), *args, "-n", "0",
+    cmd = [sys.executable, "-m", "te_conformance", "run", "--out", str(out), *args, "-n", "0",
            "-p", "no:cacheprovider", "--rootdir", str(suite), "-c", str(suite / "pytest.ini"),
            *pytest_args, str(suite)]  # fmt: skip
     return subprocess.run(cmd, cwd=suite, env=child_env(), capture_output=True, text=True,
@@ -367,7 +377,7 @@ def test_a_first_run_with_failures_still_fails(tmp_path):
 
 
 def test_run_judges_the_suites_not_the_tool_tests(tmp_path, monkeypatch):
-    import reports.__main__ as cli
+    import te_conformance.reports.__main__ as cli
 
     commands = []
 

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from reports.model import build_report
-from reports.render import TRACEBACKS_N, failure_entries, render_html, render_markdown
+from pathlib import Path
+
+from te_conformance.reports.model import build_report
+from te_conformance.reports.render import (
+    TRACEBACKS_N,
+    failure_entries,
+    render_html,
+    render_markdown,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _case(i: int, outcome: str, message: str | None = "AssertionError: boom") -> dict:
@@ -48,21 +57,24 @@ def test_both_renderers_show_the_same_entries():
 
 
 def test_a_reproducer_runs_from_where_the_run_started(tmp_path):
-    """An installed package's suites gated from elsewhere (`python -m reports run --impl X` from
-    a temporary directory: rootdir is the folder holding suites/, not the directory the run
-    started in) get a --pyargs reproducer, and it runs from there; in the checkout, the node
-    id as it is."""
+    """An installed package's suites gated from elsewhere (`python -m te_conformance run --impl X`
+    from a temporary directory: rootdir is the package folder holding suites/, not the directory
+    the run started in) get a --pyargs reproducer under that package, and it runs from there; a
+    rootdir that is no package (the checkout) the absolute file; in the rootdir, the node id as
+    it is."""
     import shlex
     import subprocess
     import sys
 
-    from reports.render import reproducer
+    from te_conformance.reports.render import reproducer
 
-    nodeid = "suites/test_attention.py::test_invalid_arguments[unknown_layout-cpu]"
+    nodeid = "suites/conformance/test_attention.py::test_invalid_arguments[unknown_layout-cpu]"
     case = {**_case(0, "failed"), "nodeid": nodeid}
-    elsewhere = {"started_in": str(tmp_path), "rootdir": "/site-packages"}
+    elsewhere = {"started_in": str(tmp_path), "rootdir": "/site-packages/te_conformance",
+                 "rootdir_package": "te_conformance"}  # fmt: skip
     line = reproducer(case, ["--impl", "te_fast"], elsewhere)
-    pyargs = "'suites.test_attention::test_invalid_arguments[unknown_layout-cpu]'"
+    pyargs = ("'te_conformance.suites.conformance.test_attention::"
+              "test_invalid_arguments[unknown_layout-cpu]'")  # fmt: skip
     assert line == f"python -m pytest -p no:xdist --impl te_fast --pyargs {pyargs}"
     cmd = [sys.executable, *shlex.split(line)[1:], "-p", "no:cacheprovider", "-q"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -70,6 +82,12 @@ def test_a_reproducer_runs_from_where_the_run_started(tmp_path):
     # started in the rootdir: the node id
     here = {"started_in": "/repo", "rootdir": "/repo"}
     assert reproducer(case, [], here).endswith(f"-p no:xdist '{nodeid}'")
-    # a path that is no module path: the absolute file
+    # a path that is no module path, or a rootdir that is no package: the absolute file
     odd = {**case, "nodeid": "../x/test_y.py::test_z"}
     assert reproducer(odd, [], elsewhere).endswith("/x/test_y.py::test_z")
+    checkout = {"started_in": str(tmp_path), "rootdir": "/repo"}
+    assert reproducer(case, [], checkout).endswith(f"-p no:xdist '/repo/{nodeid}'")
+    from te_conformance.reports.plugin import package_name
+
+    assert package_name(ROOT / "suites" / "conformance") == "suites.conformance"
+    assert package_name(ROOT) is None

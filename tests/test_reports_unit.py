@@ -8,12 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from reports import baseline as B
-from reports.__main__ import main
-from reports.compare import compare, format_comparison
-from reports.merge import merge_reports
-from reports.model import ReportError, build_report, load_report, worst_ratio, write_report
-from reports.render import render, render_html, render_markdown, summary_line
+from te_conformance.reports import baseline as B
+from te_conformance.reports.__main__ import main
+from te_conformance.reports.compare import compare, format_comparison
+from te_conformance.reports.merge import merge_reports
+from te_conformance.reports.model import (
+    ReportError,
+    build_report,
+    load_report,
+    worst_ratio,
+    write_report,
+)
+from te_conformance.reports.render import render, render_html, render_markdown, summary_line
 
 
 def case(nodeid, outcome="passed", ratio=0.1, **fields):
@@ -387,16 +393,18 @@ def test_headline_worst_ratio_of_a_gpu_run_comes_from_the_gpu_cases():
 
 
 def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, monkeypatch, capsys):
-    """`run --impl NAME`: pytest gets --impl NAME and the adapter suites (unless paths are
-    given); the baseline is <class>.<NAME>.json, never the default adapter's."""
-    import reports.__main__ as cli
+    """`run --impl NAME`: pytest gets --impl NAME and the default scope (the suites' plugin keeps
+    the tests that take an adapter); the baseline is <class>.<NAME>.json, never the default
+    adapter's."""
+    import te_conformance.reports.__main__ as cli
 
     commands = []
 
     def fake_pytest(cmd):
         commands.append(cmd)
         out = cmd[cmd.index("--te-report") + 1]
-        write_report(report(case("suites/test_attention.py::t[x-transformer_engine]")), out)
+        nodeid = "suites/conformance/test_attention.py::t[x-transformer_engine]"
+        write_report(report(case(nodeid)), out)
         return 0
 
     monkeypatch.setattr(cli, "_run_pytest", fake_pytest)
@@ -407,35 +415,58 @@ def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, mon
     text = capsys.readouterr().out
     assert "no baseline at reports/baseline/h200.transformer_engine.json" in text, text
     assert "\nNO BASELINE\n" in text
-    n = len(cli.IMPL_SUITES)
-    assert commands[0][-5 - n :] == ["--impl", "transformer_engine", "-n", "2",
-                                     "--te-default-paths", *cli.IMPL_SUITES]  # fmt: skip
-    assert "suites/test_fp8.py::test_fp8_grouped_heads" in cli.IMPL_SUITES
-    main([*args, "--", "suites/test_attention.py::test_core", "-x"])
+    assert commands[0][-6:] == ["--impl", "transformer_engine", "-n", "2",
+                                "--te-default-paths", "suites"]  # fmt: skip
+    main([*args, "--", "suites/conformance/test_attention.py::test_core", "-x"])
     assert commands[1][-4:] == ["--impl", "transformer_engine",
-                                "suites/test_attention.py::test_core", "-x"]  # fmt: skip
+                                "suites/conformance/test_attention.py::test_core", "-x"]
     main(["run", "--out", out, "--machine-class", "h200", "--no-compare"])
-    assert "--impl" not in commands[2] and "suites/test_compile.py" not in commands[2]
-    assert commands[2][-1] == "suites"
+    assert "--impl" not in commands[2] and commands[2][-1] == "suites"
 
 
-def test_impl_suites_hold_every_adapter_test():
-    """Every test function of suites/ that takes an ``adapter`` is gated by `run --impl`
-    (IMPL_SUITES names its file or itself), and every name there is such a test or a file of
-    them."""
-    import ast
-
-    from reports.__main__ import IMPL_SUITES
+@pytest.fixture(scope="module")
+def collected_rooms() -> dict[str, list[str]]:
+    """The suites' node ids collected without and with --impl (no test runs)."""
+    import subprocess
+    import sys
 
     root = Path(__file__).resolve().parents[1]
-    adapter_tests, files = set(), set()
-    for path in sorted((root / "suites").glob("test_*.py")):
-        tree = ast.parse(path.read_text())
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                if any(a.arg == "adapter" for a in node.args.args):
-                    adapter_tests.add(f"suites/{path.name}::{node.name}")
-                    files.add(f"suites/{path.name}")
-    gated = {t for t in adapter_tests if t in IMPL_SUITES or t.split("::")[0] in IMPL_SUITES}
-    assert sorted(adapter_tests - gated) == []
-    assert sorted(set(IMPL_SUITES) - adapter_tests - files) == []
+    found = {}
+    for key, extra in (("default", []), ("impl", ["--impl", "torch.sdpa"])):
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+             "-p", "no:xdist", *extra, "suites"],
+            cwd=root, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        found[key] = [n for n in out.stdout.split() if "::" in n]
+        assert found[key], out.stdout[-2000:] + out.stderr[-2000:]
+    return found
+
+
+def test_impl_selects_the_adapter_tests_by_that_fact(collected_rooms):
+    """--impl keeps exactly the tests of the conformance room (every one of which takes an
+    adapter: suites/plugin.py check_rooms), each of the named adapter; none of te_fast's own
+    tests or the judge's."""
+    impl = collected_rooms["impl"]
+    assert all(n.startswith("suites/conformance/") and "-torch.sdpa" in n.rpartition("[")[2]
+               for n in impl), impl[:5]  # fmt: skip
+    rooms = {n.split("/")[1] for n in collected_rooms["default"]}
+    assert rooms == {"conformance", "te_fast", "judge"}
+
+
+def test_a_test_in_the_wrong_room_is_a_usage_error():
+    from te_conformance.suites.plugin import check_rooms
+
+    class Item:
+        def __init__(self, path, fixturenames):
+            self.path, self.fixturenames = path, fixturenames
+            self.nodeid = str(path)
+
+    suites = Path(__file__).resolve().parents[1] / "suites"
+    check_rooms([Item(suites / "conformance" / "test_x.py", ["adapter", "case"]),
+                 Item(suites / "te_fast" / "test_y.py", ["device_name"])])  # fmt: skip
+    for item, said in ((Item(suites / "conformance" / "test_x.py", ["case"]), "takes no adapter"),
+                       (Item(suites / "judge" / "test_z.py", ["adapter"]), "takes adapter"),
+                       (Item(suites / "test_top.py", []), "not in a room")):  # fmt: skip
+        with pytest.raises(pytest.UsageError, match=said):
+            check_rooms([item])

@@ -1,4 +1,4 @@
-"""--impl transformer_engine: the CPU stand-in (suites/adapters/te_cpu.py), the deviation
+"""--impl transformer_engine: the CPU stand-in (suites/adapters/te_cpu_standin.py), the deviation
 registry (suites/te_deviations.py) and the argument mapping, on the CPU without TE; with TE
 2.20.2 installed (requirements-te.txt, .ci/te.sh), TE itself through the stand-in: its results
 agree with te_ref where no deviation is recorded, every reproducer still shows its deviation,
@@ -16,12 +16,17 @@ import pytest
 import torch
 
 import te_ref
-from reports.model import load_report
-from suites import te_deviations
-from suites.adapters import ADAPTERS, te_cpu
-from suites.adapters import transformer_engine as te_adapter
-from suites.cases import AttnCase, make_inputs, sized
-from suites.checks.attention import judge_against_reference, known_deviations, run_impl
+from te_conformance.reports.model import load_report
+from te_conformance.suites import te_deviations
+from te_conformance.suites.adapters import ADAPTERS
+from te_conformance.suites.adapters import te_cpu_standin as te_cpu
+from te_conformance.suites.adapters import transformer_engine as te_adapter
+from te_conformance.suites.cases import AttnCase, make_inputs, sized
+from te_conformance.suites.checks.attention import (
+    judge_against_reference,
+    known_deviations,
+    run_impl,
+)
 from te_ref.ops import convert_bshd_to_thd, convert_thd_to_bshd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,9 +125,9 @@ def test_case_arguments_pass_to_te_as_given():
 def test_declared_capabilities():
     assert ADAPTER.argument_errors == (AssertionError, ValueError)
     assert ADAPTERS["te_fast"].argument_errors == (ValueError,)
-    assert not ADAPTER.default and "cpu" in ADAPTER.devices
-    reason = ADAPTER.lacks("validates_arguments")
-    assert reason is not None and ("assert statements" in reason or "not installed" in reason)
+    assert not ADAPTER.default and "cpu" in ADAPTER.support.devices
+    (reason,) = ADAPTER.declines(needs=("validates_arguments",), device="cpu")
+    assert "assert statements" in reason.text and reason.feature == "argument_checks"
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -135,11 +140,13 @@ def _explain(case, **kw):
 def test_reason_format():
     assert str(te_deviations.D1) == (
         "TE deviation D1: " + te_deviations.D1.title + " [TE pytorch/attention/"
-        "dot_product_attention/utils.py:2068-2071] reproducer: python -m suites.te_deviations D1"
+        "dot_product_attention/utils.py:2068-2071] reproducer: "
+        "python -m te_conformance.suites.te_deviations D1"
     )
     assert str(te_deviations.FALLBACK).startswith("TE fallback: fully masked rows")
-    assert str(te_deviations.FALLBACK).endswith("reproducer: python -m suites.te_deviations "
-                                                "fallback")  # fmt: skip
+    assert str(te_deviations.FALLBACK).endswith(
+        "reproducer: python -m te_conformance.suites.te_deviations fallback"
+    )
 
 
 def test_predicates_on_the_reproducers():
@@ -226,7 +233,7 @@ def test_alibi_cache_d4_shows_without_the_reset(monkeypatch):
         return replace(base, kwargs=kwargs, lengths_q=[lq], lengths_kv=[lkv])
 
     first, second = with_lengths(4, 6), with_lengths(1, 6)
-    assert known_deviations(ADAPTER, case, second) == ()
+    assert known_deviations(ADAPTER, case, second) == []
     module = ADAPTER.build(case, 8**-0.5)
     run_impl(ADAPTER, module, case, first)
     judge_against_reference(case, second, run_impl(ADAPTER, module, case, second))
@@ -252,7 +259,7 @@ def test_alibi_cache_d4_shows_without_the_reset(monkeypatch):
 def test_te_agrees_with_te_ref_where_no_deviation_is_recorded(case):
     _te_or_skip()
     inputs = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(0))
-    assert known_deviations(ADAPTER, case, inputs) == ()
+    assert known_deviations(ADAPTER, case, inputs) == []
     module = ADAPTER.build(case, case.d**-0.5)
     judge_against_reference(case, inputs, run_impl(ADAPTER, module, case, inputs, watch=True))
 
@@ -265,7 +272,7 @@ def test_stand_in_runs_only_the_unfused_backend_and_no_native_call():
     backends = sys.modules[type(ADAPTER.build(case, 0.25)).__module__]._attention_backends
     assert backends["use_unfused_attention"] and not backends["use_fused_attention"]
     assert not torch.cuda.is_available()  # the redirections were undone
-    assert ADAPTER.takes_fallback_softmax(case) and not ADAPTER.supports_fp8
+    assert ADAPTER.takes_fallback_softmax(case) and not ADAPTER.support.has("fp8")
 
 
 def test_te_refuses_what_te_ref_refuses_with_an_assertion():
@@ -289,16 +296,20 @@ def test_te_refuses_what_te_ref_refuses_with_an_assertion():
 
 
 def test_without_te_every_case_skips_with_the_import_error(tmp_path):
-    """The attention suite under --impl transformer_engine with TE hidden: every case skips,
-    and the reason is the import error (test_core's combinations that no layout can express
-    skip before any adapter is asked, with that reason)."""
+    """The attention suite under --impl transformer_engine with TE hidden: every case skips.
+    What TE's declaration turns away is declined on every machine (the invalid-argument tests:
+    TE asserts; the mixed inference layouts); every other case is this machine's (kind
+    "environment"): the import error for the CPU cases, no CUDA device for the GPU ones
+    (test_core's combinations that no layout can express skip before any adapter is asked, as
+    inexpressible)."""
     out = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     paths = [str(NO_TE), str(ROOT), env.get("PYTHONPATH")]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     cmd = [
         sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
-        "--te-report", str(out), "--impl", "transformer_engine", "suites/test_attention.py",
+        "--te-report", str(out), "--impl", "transformer_engine",
+        "suites/conformance/test_attention.py",
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
@@ -310,9 +321,23 @@ def test_without_te_every_case_skips_with_the_import_error(tmp_path):
     assert len(cases) > 300
     assert all("transformer_engine" in c["nodeid"] for c in cases)
     invalid = AttnCase("bs3hd", "bf16", "causal", hg=2).invalid_reason()
+    no_cuda = "no CUDA device on this machine (GPU case)"
+
+    def expected(c):
+        if c["skip_reason"] == invalid:
+            return "inexpressible", invalid
+        if c["skip"]["kind"] == "declined":  # TE's own declaration, whether installed or not
+            return "declined", "transformer_engine "
+        return "environment", no_cuda if "cuda" in c["nodeid"].rpartition("[")[2] else reason
+
     wrong = [
         (c["nodeid"], c["outcome"], c["skip_reason"]) for c in cases
-        if c["outcome"] != "skipped"
-        or not (c["skip_reason"].startswith(reason) or c["skip_reason"] == invalid)
+        if c["outcome"] != "skipped" or not c["skip_reason"].startswith(expected(c)[1])
+        or c["skip"]["kind"] != expected(c)[0]
     ]  # fmt: skip
     assert not wrong, wrong[:5]
+    declined = [c for c in cases if c["skip"]["kind"] == "declined"]
+    told = ("lacks validates_arguments", "does not support layout", "lacks exact_one_key on cuda")
+    assert declined and all(any(t in c["skip_reason"] for t in told) for c in declined), sorted(
+        {c["skip_reason"][:120] for c in declined}
+    )

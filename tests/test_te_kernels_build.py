@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from suites.adapters import te_kernels
+from te_conformance.suites.adapters import te_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 SOFTMAX = ("scaled_masked_softmax", "scaled_upper_triang_masked_softmax")

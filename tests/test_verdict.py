@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from reports.verdict import Verdict
+from te_conformance.reports.verdict import Verdict
 
 BASE = "reports/baseline/cpu.json"
 

@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import te_ref  # noqa: E402
-from suites.checks.numerics import floor  # noqa: E402
-from suites.fuzz.checks import softmax_bwd_refs  # noqa: E402
+from te_conformance.suites.checks.numerics import floor  # noqa: E402
+from te_conformance.suites.fuzz.checks import softmax_bwd_refs  # noqa: E402
 from te_fast import ops as fast  # noqa: E402
 
 SCALE = 0.6

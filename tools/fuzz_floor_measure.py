@@ -6,8 +6,9 @@ error, largest finite |ref64|, and the verdicts under the per-dtype floor alone 
 floor check_ratio applies -- and a ratio failure is NOT raised, so that hypothesis draws every
 example (no shrinking). Any other failure (exact zeros, NaN, a contract) still fails the test.
 
-    TE_FUZZ_EXAMPLES=300 TE_FLOOR_MEASURE=/tmp/floor python -m pytest suites/test_fuzz.py \\
-        -m "not gpu" -n 2 -p tools.fuzz_floor_measure -p no:cacheprovider -q
+    TE_FUZZ_EXAMPLES=300 TE_FLOOR_MEASURE=/tmp/floor python -m pytest \\
+        suites/conformance/test_fuzz.py -m "not gpu" -n 2 -p tools.fuzz_floor_measure \\
+        -p no:cacheprovider -q
     python -m tools.fuzz_floor_measure /tmp/floor      # the summary
 
 Each process appends JSON lines to $TE_FLOOR_MEASURE/<pid>.jsonl. `ulps_needed` is the floor a
@@ -38,7 +39,7 @@ def _out_path() -> str | None:
 
 
 def _recording(real_check_ratio):
-    from suites.checks import numerics as nm
+    from te_conformance.suites.checks import numerics as nm
 
     def check_ratio(name, impl, ref64, ref_lp, k, dtype=None):
         dtype = dtype or impl.dtype
@@ -85,8 +86,8 @@ def _counting(check):
 
 
 def pytest_configure(config):
-    from suites.checks import attention
-    from suites.fuzz import checks as fc
+    from te_conformance.suites.checks import attention
+    from te_conformance.suites.fuzz import checks as fc
 
     attention.check_ratio = _recording(attention.check_ratio)
     fc.check_ratio = _recording(fc.check_ratio)

@@ -7,7 +7,7 @@
 # on exit all of them in $OUT/all.tar.gz as well. With TE_SRC set or a .te_src folder, TE's own
 # fused softmax kernels are built too (tools/te_kernels/build.py) before the suites and benchmark.
 # Exits non-zero when any step failed (unmet targets are not a failed step).
-#   tools/gpu_run.sh [--sanitize] [--ncu] [--bench] [--timeout S] [--] [python -m reports run args]
+#   tools/gpu_run.sh [--sanitize] [--ncu] [--bench] [--timeout S] [--] [python -m te_conformance run args]
 # --timeout S stops the pytest run after S seconds (SIGTERM): the report then holds the cases that
 # finished, marked partial, and the step fails; the steps after it still run.
 set -uo pipefail
@@ -90,7 +90,7 @@ if ! error_path | grep -q "error path ok"; then
   echo "rebuilt with $(/usr/bin/g++ --version | head -1): $(error_path)" | tee -a "$OUT/build_time.txt"
 fi
 
-# Transformer Engine's own fused softmax kernels for the `te` peer and suites/test_te_kernels.py
+# Transformer Engine's own fused softmax kernels for the `te` peer and suites/te_fast/test_te_kernels.py
 # (docs/te_kernels.md), when TE's sources came along: $TE_SRC, or the ignored .te_src folder
 # carried with the working tree. Without them the te peer and suite skip with the reason.
 te_src=${TE_SRC:-}
@@ -113,9 +113,9 @@ if [ $sanitize -eq 1 ]; then
   echo "sanitize: compute-sanitizer ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck} started (logs in $OUT/sanitize)"
 fi
 if [ $# -gt 0 ]; then
-  "${limit[@]}" $PY -m reports run --out "$OUT/report" "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v -E "^\.|^s|PASSED|SKIPPED" | tail -60
+  "${limit[@]}" $PY -m te_conformance run --out "$OUT/report" "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v -E "^\.|^s|PASSED|SKIPPED" | tail -60
   pytest_rc=${PIPESTATUS[0]}
-  echo "reports run: exit $pytest_rc (0 pass, 1 failures or regressions, 2 baseline problem or stopped early, 124 --timeout)"
+  echo "te_conformance run: exit $pytest_rc (0 pass, 1 failures or regressions, 2 baseline problem or stopped early, 124 --timeout)"
   [ "$pytest_rc" -eq 0 ] || { failed+=" pytest"; final=1; }
 fi
 if [ $sanitize -eq 1 ]; then

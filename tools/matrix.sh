@@ -6,10 +6,10 @@
 #   tools/matrix.sh            run the four adapters one after the other, then draw
 #   RUN=0 tools/matrix.sh      draw from the runs already in $OUT
 #
-# One subset for every adapter: the CPU cases of the suites with an adapter axis (the attention,
-# semantics, dropout and compile suites, the literal pins, the module tests of the determinism,
-# bad-input and fuzz suites) and the FP8 suite, less test_dynamic_shapes, the inductor compile
-# variant and te_ref's own tables (the slow parts of a flex_attention CPU run); 2 workers. Each run
+# One subset for every adapter: the CPU cases of the conformance room (suites/conformance/, every
+# test of which takes an adapter), less test_dynamic_shapes and the inductor compile variant (the
+# slow parts of a flex_attention CPU run); 2 workers. The rows and which cases count for each are
+# what the cases recorded (suites/features.py). Each run
 # takes a few minutes on an idle 2-core machine, flex_attention the longest. transformer_engine
 # needs a Python with Transformer Engine 2.20.2 (requirements-te.txt, as .ci/te.sh installs it):
 # TE_PYTHON, default $PYTHON; without TE its run skips every case, and its column says so.
@@ -24,21 +24,15 @@ TE_PYTHON=${TE_PYTHON:-$PYTHON}
 OUT=${OUT:-/tmp/matrix-runs}
 WORKERS=${WORKERS:-2}
 IMPLS=(te_fast torch.sdpa flex_attention transformer_engine)
-SUITES=(suites/test_attention.py suites/test_semantics.py suites/test_semantics_values.py
-        suites/test_dropout.py suites/test_compile.py suites/test_fp8.py
-        suites/test_determinism.py::test_module_determinism
-        suites/test_determinism.py::test_module_dropout_same_seed
-        suites/test_bad_input.py::test_module_rule
-        suites/test_bad_input.py::test_batch_neither_one_nor_b
-        suites/test_fuzz.py::test_fuzz_module)
-SUBSET="not test_dynamic_shapes and not te_ref and not inductor"
+SUITES=(suites/conformance)
+SUBSET="not test_dynamic_shapes and not inductor"
 
 if [ "${RUN:-1}" != 0 ]; then
   for impl in "${IMPLS[@]}"; do
     py=$PYTHON
     [ "$impl" = transformer_engine ] && py=$TE_PYTHON
     rc=0
-    "$py" -m reports run --impl "$impl" --out "$OUT/$impl" --no-compare -- \
+    "$py" -m te_conformance run --impl "$impl" --out "$OUT/$impl" --no-compare -- \
       -n "$WORKERS" -q -p no:cacheprovider -m "not gpu" -k "$SUBSET" "${SUITES[@]}" || rc=$?
     # 0: every case passed or skipped; 1: some failed (the matrix shows them); else no report
     if [ "$rc" -gt 1 ]; then
@@ -51,4 +45,4 @@ fi
 runs=()
 for impl in "${IMPLS[@]}"; do runs+=("$OUT/$impl/report.json"); done
 rm -rf docs/matrix_runs
-"$PYTHON" -m reports matrix "${runs[@]}" --out docs --save-summaries docs/matrix_runs
+"$PYTHON" -m te_conformance matrix "${runs[@]}" --out docs --save-summaries docs/matrix_runs

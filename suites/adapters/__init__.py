@@ -1,11 +1,13 @@
 """The adapter registry: which implementations the suites can drive, and how tests pick them.
 
-An adapter (suites/adapters/base.py) declares what one implementation supports, as data, and
-which CAPABILITIES it has; the suites generate their parametrization from these declarations
-and skip the rest with the reasons `not_supported_reasons` and `lacks` give. `--impl NAME`
-selects adapters: a name registered here, the name of an entry point of the group
-`te_conformance.adapters` (an installed package's adapter), or `package.module:Class`. The
-adapters themselves: te_fast.py, torch_sdpa.py, flex_attention.py, transformer_engine.py.
+An adapter (suites/adapters/base.py) declares what one implementation supports in one place,
+``support`` (suites/adapters/support.py); the suites generate their parametrization over the
+selected adapters and ``ready`` applies the declaration to a test: its device, or a skip with
+the adapter's reasons, recorded with its kind. `--impl NAME` selects adapters: a name
+registered here, the name of an entry point of the group `te_conformance.adapters` (an
+installed package's adapter), or `package.module:Class`. The adapters themselves: te_fast.py,
+torch_sdpa.py, flex_attention.py, transformer_engine.py (and te_ref.py, the judge, and
+te_kernels.py, TE's softmax kernels as ops, which --impl does not select).
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ import importlib.metadata
 import pytest
 import torch
 
-from suites import devices
-from suites.adapters.base import CAPABILITIES, Adapter  # noqa: F401  (re-exported)
-from suites.adapters.flex_attention import FlexAttention
-from suites.adapters.te_fast import TeFast
-from suites.adapters.torch_sdpa import TorchSdpa
-from suites.adapters.transformer_engine import TransformerEngine
+from te_conformance.suites import devices, skips
+from te_conformance.suites.adapters.base import CAPABILITIES, Adapter  # noqa: F401  (re-exported)
+from te_conformance.suites.adapters.flex_attention import FlexAttention
+from te_conformance.suites.adapters.te_fast import TeFast
+from te_conformance.suites.adapters.torch_sdpa import TorchSdpa
+from te_conformance.suites.adapters.transformer_engine import TransformerEngine
 
 ADAPTERS: dict[str, Adapter] = {
     a.name: a for a in (TeFast(), TorchSdpa(), FlexAttention(), TransformerEngine())
@@ -49,6 +51,13 @@ def _instance(obj, what: str) -> Adapter:
         )
     if obj.name == Adapter.name:
         raise pytest.UsageError(f"--impl {what}: the adapter sets no `name`")
+    old = obj.old_declarations()
+    if old:
+        raise pytest.UsageError(
+            f"--impl {what}: {type(obj).__name__} declares its support the old way "
+            f"({', '.join(old)}): declare it once, `support = Support(...)` "
+            "(suites/adapters/support.py; docs/adapters.md, \"Declaring what it supports\")"
+        )
     return obj
 
 
@@ -102,6 +111,11 @@ def resolve(spec: str, pool: dict[str, Adapter] | None = None) -> Adapter:
     return _loaded[spec]
 
 
+def default_adapter() -> Adapter:
+    """The adapter a check runs when given none: the first registered one marked default."""
+    return next(a for a in ADAPTERS.values() if a.default)
+
+
 def selected(config, pool: dict[str, Adapter] | None = None) -> list[Adapter]:
     """The adapters chosen with --impl (default: every adapter marked default)."""
     pool = ADAPTERS if pool is None else pool
@@ -120,32 +134,26 @@ def selected(config, pool: dict[str, Adapter] | None = None) -> list[Adapter]:
     return list({a.name: a for a in adapters}.values())
 
 
-def require(adapter: Adapter, capability: str, device: str | None = None) -> None:
-    """Skip the running test, with the adapter's reason, unless it has ``capability`` (on
-    ``device``, a device type, when given: ``Adapter.capability_devices``)."""
-    reason = adapter.lacks(capability) if device is None else adapter.lacks_on(capability, device)
-    if reason:
-        pytest.skip(reason)
+def available(adapter: Adapter, device: str) -> torch.device:
+    """The device, where this machine can run the adapter there (a CUDA device for a CUDA case,
+    the implementation installed and built); else a skip of kind "environment" with why."""
+    found = devices.require(device, needs_te_fast=False)  # te_fast's: its unavailable_reason
+    skips.unless("environment", [adapter.unavailable_reason(device)])
+    return found
 
 
-def ready_on(adapter: Adapter, device_name: str, *capabilities: str, case=None) -> torch.device:
-    """The device, once the adapter has ``capabilities`` there (``require``), can run on this
-    machine and, where ``case`` is given, supports it; else skip with the reasons."""
-    for capability in capabilities:
-        require(adapter, capability, device_name)
-    device = devices.require(device_name, needs_te_fast=False)  # te_fast's: unavailable_reason
-    reasons = [adapter.unavailable_reason(device_name)]
+def ready(adapter: Adapter, case=None, *needs: str, device: str | None = None) -> torch.device:
+    """The one helper that applies an adapter's support declaration to the running test: the
+    device (``device``, default the case's) where the case can be expressed (else a skip of kind
+    "inexpressible"), the adapter takes the case with the capabilities ``needs`` there (else
+    "declined", with the adapter's reasons) and this machine can run the adapter (else
+    "environment": no CUDA device, the implementation not installed). A case the adapter
+    declines is declined on every machine: what it supports does not depend on where it runs."""
+    device = device or case.device
     if case is not None:
-        reasons += adapter.not_supported_reasons(case)
-    reasons = [r for r in reasons if r]
-    if reasons:
-        pytest.skip("; ".join(reasons))
-    return device
-
-
-def ready(adapter: Adapter, case, *capabilities: str) -> torch.device:
-    """``ready_on`` the case's device, for the case."""
-    return ready_on(adapter, case.device, *capabilities, case=case)
+        skips.unless("inexpressible", [case.invalid_reason()])
+    skips.unless("declined", adapter.declines(case, needs, device))
+    return available(adapter, device)
 
 
 # The tests that need a capability ran on te_fast alone before adapters declared capabilities;

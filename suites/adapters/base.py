@@ -1,7 +1,10 @@
-"""The adapter interface: what an implementation supports (as data) and how it is called.
+"""The adapter interface: what an implementation supports (its one declaration, ``support``),
+how it is called, and the differences it declares.
 
-Subclass Adapter, declare what the implementation supports and which CAPABILITIES it has, and
-register it in suites/adapters/__init__.py ADAPTERS.
+Subclass Adapter, give it a ``name`` and a ``support = Support(...)`` (suites/adapters/
+support.py), ``build`` (and ``call`` if the arguments need translating), and register it in
+suites/adapters/__init__.py ADAPTERS or through the entry point group te_conformance.adapters.
+docs/adapters.md is the contract, argument by argument.
 """
 
 from __future__ import annotations
@@ -14,25 +17,16 @@ from pathlib import Path
 
 import torch
 
-from suites.cases import AttnCase
-from te_ref.layouts import ATTN_MASK_TYPES, LAYOUTS
+from te_conformance.suites.adapters.support import (  # noqa: F401  (re-exported)
+    ARGUMENTS,
+    CAPABILITIES,
+    OUTPUTS,
+    Rule,
+    Support,
+)
+from te_conformance.suites.cases import AttnCase
+from te_conformance.suites.skips import Reason
 
-# What an implementation can do beyond computing a case (each a flag on Adapter). A test that
-# needs one runs through every selected adapter and skips, with the adapter's reason, where the
-# flag is False.
-CAPABILITIES = {
-    "dropout": "attention dropout in training mode, SPEC §2.6",
-    "dropout_ctx": "attention_dropout_ctx: dropout runs inside the context it gives (an RNG "
-    "tracker's fork), SPEC §4",
-    "validates_arguments": "TE's argument checks, a ValueError naming the problem",
-    "traceable": "torch.compile(fullgraph=True) traces the module (the CPU compile variants)",
-    "capturable": "CUDA-graph capture: torch.compile mode='reduce-overhead', cudagraphs backend",
-    "sync_free": "no host synchronisation in the non-FP8 forward and backward, SPEC §3",
-    "deterministic": "the same bytes from repeated forward and backward calls: without dropout, "
-    "and with dropout under one seed",
-    "fp8_state": "FP8 scaling state readable after a pass (read_fp8_state): each role's amax "
-    "history, the scale it quantized with and the next scale",
-}
 # The FP8 roles (TE's names): the quantized inputs, softmax output and output in the forward;
 # the output gradient, softmax gradient and input gradients in the backward.
 FP8_ROLES = ("QKV", "S", "O", "dO", "dP", "dQKV")
@@ -137,6 +131,19 @@ class Difference:
         if not self.defined_at:
             object.__setattr__(self, "defined_at", _declaration_site())
 
+    def expectation(self, adapter: str):
+        """The expectation it makes of a test it matches (suites/expected.py): value failures
+        of any of its tensors, strict unless ``strict=False``."""
+        from te_conformance.suites.checks.failures import VALUE_CHECKS
+        from te_conformance.suites.expected import Expectation
+
+        return Expectation(
+            source="declared", id=f"{adapter}:{'|'.join(self.test)}"
+            + (f"[{'|'.join(self.ids)}]" if self.ids else ""),
+            reason=self.reason, checks=VALUE_CHECKS, tensors=self.tensors, strict=self.strict,
+            adapter=adapter, defined_at=self.defined_at,
+        )  # fmt: skip
+
     def matches(self, test: str, param_id: str, case: AttnCase | None) -> bool:
         """Whether this difference covers the test ``test`` (function name) with parameter id
         ``param_id`` and AttnCase parameter ``case`` (None where it has none)."""
@@ -157,120 +164,50 @@ class Difference:
             ) from e
 
 
+# The class attributes adapters declared support with before ``support`` (each now a field or
+# an entry of Support); an adapter that still sets one is refused with a message saying so.
+OLD_DECLARATIONS = (
+    "devices", "dtypes", "layouts", "mask_types", "bias_types", "softmax_types",
+    "supports_fp8", "supports_max_logit", "supports_window", "supports_bottom_right_diagonal",
+    "supports_alibi_slopes", "supports_softmax_offset", "supports_cu_seqlens_padding",
+    "supports_padding_mask", "dropout", "dropout_ctx", "validates_arguments", "traceable",
+    "capturable", "sync_free", "deterministic", "fp8_state", "exact_one_key", "why_not",
+    "capability_devices", "why_unsupported", "not_supported_reasons", "unsupported_arguments",
+    "lacks", "lacks_on", "lacks_fp8",
+)  # fmt: skip
+
+
 class Adapter:
-    """One implementation under test."""
+    """One implementation under test: its ``name``, its one support declaration (``support``),
+    the differences from the standard it declares (``differences``), and how it is built and
+    called."""
 
     name = "?"
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
-    layouts: tuple[str, ...] = tuple(LAYOUTS)
-    mask_types: tuple[str, ...] = ATTN_MASK_TYPES
-    bias_types: tuple[str, ...] = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
-    softmax_types: tuple[str, ...] = ("vanilla", "off-by-one", "learnable")
-    supports_fp8 = False
-    supports_max_logit = True
-    supports_window = True
-    # One flag per optional forward argument (docs/adapters.md): a case that passes the argument
-    # skips, with a reason, on an adapter whose flag is False (instead of a TypeError).
-    supports_bottom_right_diagonal = True  # bottom_right_diagonal (an alignment override)
-    supports_alibi_slopes = True  # alibi_slopes (user slopes; without them: the default slopes)
-    supports_softmax_offset = True  # softmax_offset (the learnable softmax's [h] forward argument)
-    supports_cu_seqlens_padding = True  # padding* on sbhd/bshd with lengths as cu_seqlens_q/kv
-    supports_padding_mask = True  # padding* on sbhd/bshd with lengths as attention_mask
-    dropout = False
-    dropout_ctx = False
-    validates_arguments = False
-    # The exception types the implementation raises for arguments it refuses (TE asserts:
-    # AssertionError); a case that must be refused expects one of these.
-    argument_errors: tuple[type[Exception], ...] = (ValueError,)
-    traceable = True
-    capturable = False
-    sync_free = False
-    deterministic = False
-    fp8_state = False
-    why_not: dict[str, str] = {}  # capability -> why this adapter lacks it (the skip reason)
-    # capability -> the only device types where the adapter has it (elsewhere a test that needs
-    # it skips with why_not[capability]); a capability not named here holds on every device.
-    capability_devices: dict[str, tuple[str, ...]] = {}
-    why_unsupported: dict[str, str] = {}  # an unsupported device/dtype/layout/... value -> why
-    default = True  # selected when no --impl is given
+    support: Support = Support()
     # Known, understood differences from the standard, each a strict expected failure of the
     # tests it matches (Difference; docs/adapters.md#declared-differences)
     differences: tuple[Difference, ...] = ()
+    # The exception types the implementation raises for arguments it refuses (TE asserts:
+    # AssertionError); a case that must be refused expects one of these.
+    argument_errors: tuple[type[Exception], ...] = (ValueError,)
+    default = False  # selected when no --impl is given
 
-    def lacks(self, capability: str) -> str | None:
-        """Why the adapter cannot run a test that needs ``capability`` (None when it can)."""
-        if capability not in CAPABILITIES:
-            raise ValueError(f"unknown capability {capability!r}; known: {sorted(CAPABILITIES)}")
-        if getattr(self, capability):
-            return None
-        why = self.why_not.get(capability, "not declared by the adapter")
-        return f"{self.name} lacks {capability} ({CAPABILITIES[capability]}): {why}"
+    def declines(
+        self, case: AttnCase | None = None, needs=(), device=None, ignore=()
+    ) -> list[Reason]:
+        """Why this adapter cannot run ``case`` with the capabilities ``needs`` on ``device``
+        (default: the case's): its support declaration applied (Support.declines); empty when
+        it can."""
+        return self.support.declines(self.name, case, needs, device, ignore)
 
-    def lacks_on(self, capability: str, device: str) -> str | None:
-        """Why the adapter cannot run a test that needs ``capability`` on ``device`` (a device
-        type, "cpu" or "cuda"); None when it can."""
-        reason = self.lacks(capability)
-        only = self.capability_devices.get(capability)
-        if reason is None and only is not None and device not in only:
-            why = self.why_not.get(capability, f"declared for {', '.join(only)} only")
-            what = CAPABILITIES[capability]
-            reason = f"{self.name} lacks {capability} on {device} ({what}): {why}"
-        return reason
-
-    def not_supported_reasons(self, case: AttnCase) -> list[str]:
-        """Why this adapter cannot run the case (empty when it can)."""
-        reasons = []
-        for what, value, allowed in (
-            ("device", case.device, self.devices),
-            ("dtype", case.dtype, self.dtypes),
-            ("layout", case.layout, self.layouts),
-            ("mask type", case.mask_type, self.mask_types),
-            ("bias type", case.bias_type, self.bias_types),
-            ("softmax type", case.softmax_type, self.softmax_types),
-        ):
-            if value not in allowed:
-                why = self.why_unsupported.get(value)
-                reasons.append(
-                    f"{self.name} does not support {what} {value!r}" + (f": {why}" if why else "")
-                )
-        for lacked, why_key, reason in (
-            (case.return_max_logit and not self.supports_max_logit, "max_logit",
-             f"{self.name} does not return max_logit"),
-            (case.window is not None and not self.supports_window, "window",
-             f"{self.name} has no sliding window"),
-        ):  # fmt: skip
-            if lacked:
-                why = self.why_unsupported.get(why_key)
-                reasons.append(reason + (f": {why}" if why else ""))
-        reasons += [
-            f"{self.name} takes no {what}" + (f": {why}" if why else "")
-            for what, why in self.unsupported_arguments(case)
-        ]
-        return reasons
-
-    def unsupported_arguments(self, case: AttnCase) -> list[tuple[str, str | None]]:
-        """(forward argument, why) for each optional argument the case passes that the adapter's
-        supports_* flags decline; the reason is ``why_unsupported[key]``, key the flag's name
-        without ``supports_`` (``"bottom_right_diagonal"``, ``"cu_seqlens_padding"``, ...)."""
-        padded_bshd = case.mask_type.startswith("padding") and case.layout_info.q_format != "thd"
-        needs = (
-            ("bottom_right_diagonal", "bottom_right_diagonal (alignment override)",
-             case.bottom_right_diagonal is not None),
-            ("alibi_slopes", "alibi_slopes (user ALiBi slopes)",
-             case.bias_type == "alibi" and case.alibi_slopes is not None),
-            ("softmax_offset", "softmax_offset (the learnable softmax's offset argument)",
-             case.softmax_type == "learnable"),
-            ("cu_seqlens_padding", "cu_seqlens_q/cu_seqlens_kv on sbhd/bshd (padding lengths)",
-             padded_bshd and case.padding_from == "cu_seqlens"),
-            ("padding_mask", "attention_mask as a padding mask",
-             padded_bshd and case.padding_from == "mask"),
+    @classmethod
+    def old_declarations(cls) -> list[str]:
+        """The attributes of OLD_DECLARATIONS this adapter class (or a base other than Adapter)
+        still sets."""
+        return sorted(
+            n for n in OLD_DECLARATIONS
+            if any(n in vars(k) for k in cls.__mro__ if k not in (Adapter, object))
         )  # fmt: skip
-        return [
-            (what, self.why_unsupported.get(key))
-            for key, what, passed in needs
-            if passed and not getattr(self, f"supports_{key}")
-        ]
 
     def version(self) -> str | None:
         """What the report names as the judged implementation's version: by default the
@@ -286,14 +223,15 @@ class Adapter:
     def known_deviations(
         self, case: AttnCase, lengths=None, expected=None, call_kwargs=None
     ) -> tuple:
-        """The recorded departures of this implementation from the standard (SPEC §7: for
-        Transformer Engine, its "TE deviations", suites/te_deviations.py) that make this case's
-        result differ: ``lengths`` is ([lq per batch element], [lkv per batch element]) where
-        padding applies, ``expected`` the documented probability grids ([batch][head] -> rows of
-        '1' kept / '.' masked) where the suite has them, ``call_kwargs`` the call's forward
-        keyword arguments (attention_mask, cu_seqlens) where the suite has them. A suite runs a
-        case with deviations as a strict expected failure: it must differ, so that a fixed
-        deviation is noticed; ``str(deviation)`` is the xfail reason."""
+        """The differences of this implementation that only the case's inputs tell (for
+        Transformer Engine, its "TE deviations", suites/te_deviations.py): ``lengths`` is
+        ([lq per batch element], [lkv per batch element]) where padding applies, ``expected``
+        the documented probability grids ([batch][head] -> rows of '1' kept / '.' masked) where
+        the suite has them, ``call_kwargs`` the call's forward keyword arguments
+        (attention_mask, cu_seqlens) where the suite has them. Each returned object (an
+        Expectation of suites/expected.py, or any object with ``id`` and ``reason``, optionally
+        ``explains``) is expected for the case: it must differ, and only in the checks it
+        explains, so that a fixed difference is noticed."""
         return ()
 
     def build(
@@ -301,30 +239,22 @@ class Adapter:
     ) -> torch.nn.Module:
         """A module computing the case's attention (what the compile suite compiles); ``scale``
         None asks for the implementation's default (dqk ** -0.5); ``dropout`` is the attention
-        dropout probability in training mode (adapters with ``dropout`` only); ``dropout_ctx``,
-        when given, a callable returning the context manager dropout must run in (TE's
-        ``attention_dropout_ctx``; adapters with ``dropout_ctx`` only)."""
+        dropout probability in training mode (adapters with the ``dropout`` capability only);
+        ``dropout_ctx``, when given, a callable returning the context manager dropout must run
+        in (TE's ``attention_dropout_ctx``; adapters with ``dropout_ctx`` only)."""
         raise NotImplementedError
-
-    def lacks_fp8(self) -> str | None:
-        """Why the adapter runs no FP8 case (None where it declares ``supports_fp8``); the reason
-        is ``why_unsupported["fp8"]``."""
-        if self.supports_fp8:
-            return None
-        why = self.why_unsupported.get("fp8")
-        return f"{self.name} does not declare FP8 (supports_fp8)" + (f": {why}" if why else "")
 
     def fp8_recipe(self, recipe):
         """What the implementation's ``fp8_meta={"recipe": ...}`` takes for a suite's recipe
-        (adapters with ``supports_fp8``). The suites describe recipes as
+        (adapters with the ``fp8`` capability). The suites describe recipes as
         te_ref.fp8.DelayedScaling or CurrentScaling, with Transformer Engine's field names:
         ``fp8_format`` ("E4M3", "E5M2", "HYBRID"), and for DelayedScaling ``margin``,
         ``amax_history_len``, ``amax_compute_algo``. The default passes the recipe on as it is."""
         return recipe
 
     def read_fp8_state(self, module) -> dict[str, FP8RoleState]:
-        """Adapters with ``fp8_state``: ``module``'s FP8 scaling state after its last forward and
-        backward pass in FP8, one FP8RoleState per role of FP8_ROLES."""
+        """Adapters with the ``fp8_state`` capability: ``module``'s FP8 scaling state after its
+        last forward and backward pass in FP8, one FP8RoleState per role of FP8_ROLES."""
         raise NotImplementedError(f"{self.name} declares fp8_state but has no read_fp8_state")
 
     def call(self, module, case: AttnCase, q, k, v, kwargs: dict):
@@ -336,3 +266,28 @@ class Adapter:
     def run(self, case: AttnCase, q, k, v, kwargs: dict, scale: float):
         """One eager call on a fresh module."""
         return self.call(self.build(case, scale), case, q, k, v, kwargs)
+
+
+class OpAdapter:
+    """One implementation of te_fast's op table (te_fast/_registry.py) judged at the op level:
+    its ``name``, the registry's public op names it implements (``ops``), why it cannot run
+    here (``unavailable_reason``), why it turns a call away (``declines``), and the ops
+    themselves. TE's fused softmax kernels are one (suites/adapters/te_kernels.py); te_fast's own
+    ops are called directly by its own suites (suites/te_fast/)."""
+
+    name = "?"
+    ops: tuple[str, ...] = ()
+
+    def unavailable_reason(self, device: str) -> str | None:
+        return None
+
+    def declines(self, op: str, x_shape, dtype, mask_shape=None, backward=False) -> list[Reason]:
+        """Why the implementation does not run ``op`` on these shapes (empty: it does)."""
+        return []
+
+    def forward(self, op: str, x: torch.Tensor, *args) -> torch.Tensor:
+        """The forward of ``op``: (x, scale) or (x, mask, scale)."""
+        raise NotImplementedError
+
+    def backward(self, op: str, dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+        raise NotImplementedError

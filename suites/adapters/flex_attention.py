@@ -22,11 +22,8 @@ import warnings
 
 import torch
 
-from suites.adapters.base import Adapter, distribution_version
-
-CAUSAL_TYPES = ("causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right")
-TOP_LEFT_TYPES = ("causal", "padding_causal")
-BOTTOM_RIGHT_TYPES = ("causal_bottom_right", "padding_causal_bottom_right")
+from te_conformance.suites.adapters.base import Adapter, Rule, Support, distribution_version
+from te_ref.layouts import BOTTOM_RIGHT_MASK_TYPES, CAUSAL_MASK_TYPES, TOP_LEFT_MASK_TYPES
 
 
 def _window(mask_type, causal, window_size):
@@ -77,34 +74,31 @@ class FlexAttention(Adapter):
     # only. capturable / sync_free: thd inputs are gathered with host-side lengths.
     # deterministic: torch's dense math on the CPU (checked there); the compiled Triton kernel on
     # CUDA was not run here, so not claimed there.
-    deterministic = True
-    capability_devices = {"deterministic": ("cpu",)}
-    why_not = {
-        "deterministic": "not claimed on CUDA: the compiled Triton kernel's backward was not run "
-        "by this project",
-        "dropout": "flex_attention has no attention dropout",
-        "dropout_ctx": "flex_attention has no attention dropout (nor an RNG context)",
-        "validates_arguments": "the adapter translates valid cases only; flex_attention checks "
-        "shapes, not TE's arguments",
-        "capturable": "not claimed: the adapter reads thd sequence lengths on the host",
-        "traceable": "on the CPU the adapter calls flex's higher-order op itself (the public "
-        "function refuses backward there), and dynamo cannot trace that call from user code "
-        "(InternalTorchDynamoError: too many values to unpack); the compiled CUDA path is not "
-        "claimed either (thd lengths are read on the host)",
-        "sync_free": "the adapter reads thd sequence lengths on the host (cu_seqlens.tolist())",
-    }
-    why_unsupported = {"fp8": "flex_attention has no FP8 recipe or scaling state"}
-    default = False
-    traceable = False
-
-    def not_supported_reasons(self, case):
-        reasons = super().not_supported_reasons(case)
-        if case.return_max_logit and case.softmax_type != "vanilla":
-            reasons.append(
-                "flex_attention max_logit with a softmax offset: the adapter expresses the offset "
-                "as an extra key column, which flex's max scores include"
-            )
-        return reasons
+    support = Support(
+        capabilities=("deterministic", "exact_one_key"),
+        capability_devices={"deterministic": ("cpu",), "exact_one_key": ("cpu",)},
+        rules=(
+            Rule(lambda c: c.return_max_logit and c.softmax_type != "vanilla",
+                 "max_logit with a softmax offset: the adapter expresses the offset as an extra "
+                 "key column, which flex's max scores include", "max_logit"),
+        ),
+        why={
+            "deterministic": "not claimed on CUDA: the compiled Triton kernel's backward was not "
+            "run by this project",
+            "dropout": "flex_attention has no attention dropout",
+            "dropout_ctx": "flex_attention has no attention dropout (nor an RNG context)",
+            "validates_arguments": "the adapter translates valid cases only; flex_attention "
+            "checks shapes, not TE's arguments",
+            "capturable": "not claimed: the adapter reads thd sequence lengths on the host",
+            "traceable": "on the CPU the adapter calls flex's higher-order op itself (the public "
+            "function refuses backward there), and dynamo cannot trace that call from user code "
+            "(InternalTorchDynamoError: too many values to unpack); the compiled CUDA path is "
+            "not claimed either (thd lengths are read on the host)",
+            "sync_free": "the adapter reads thd sequence lengths on the host "
+            "(cu_seqlens.tolist())",
+            "fp8": "flex_attention has no FP8 recipe or scaling state",
+        },
+    )  # fmt: skip
 
     def unavailable_reason(self, device):
         try:
@@ -115,7 +109,7 @@ class FlexAttention(Adapter):
 
     def build(self, case, scale, dropout=0.0, dropout_ctx=None):
         if dropout or dropout_ctx is not None:
-            raise NotImplementedError(self.lacks("dropout"))
+            raise NotImplementedError(self.declines(needs=("dropout",))[0].text)
         return FlexDotProductAttention(
             case.h, scale, case.softmax_type, case.attention_type, case.return_max_logit
         )
@@ -173,11 +167,11 @@ class FlexDotProductAttention(torch.nn.Module):
         if lkv is None:
             lkv = torch.full((b,), skv, dtype=torch.long, device=device)
 
-        causal = attn_mask_type in CAUSAL_TYPES
+        causal = attn_mask_type in CAUSAL_MASK_TYPES
         left, right = _window(attn_mask_type, causal, window_size)
-        if attn_mask_type in TOP_LEFT_TYPES:  # a causal type names its alignment (SPEC §2.3)
+        if attn_mask_type in TOP_LEFT_MASK_TYPES:  # a causal type names its alignment (SPEC §2.3)
             bottom_right = False
-        elif attn_mask_type in BOTTOM_RIGHT_TYPES or bottom_right_diagonal is None:
+        elif attn_mask_type in BOTTOM_RIGHT_MASK_TYPES or bottom_right_diagonal is None:
             bottom_right = True
         else:
             bottom_right = bool(bottom_right_diagonal)

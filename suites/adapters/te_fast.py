@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import torch
 
-from suites.adapters.base import FP8_ROLES, Adapter, FP8RoleState
+from te_conformance.suites.adapters.base import FP8_ROLES, Adapter, FP8RoleState, Support
 
 
 class TeFast(Adapter):
     """te_fast.UnfusedDotProductAttention, eager."""
 
     name = "te_fast"
-    dropout = dropout_ctx = validates_arguments = capturable = sync_free = deterministic = True
-    supports_fp8 = fp8_state = True
+    # everything the standard has; exact one-key rows on every device (its softmax kernels form
+    # exp(0) over a sum of 1)
+    support = Support(
+        capabilities=("dropout", "dropout_ctx", "validates_arguments", "reference_messages",
+                      "traceable", "capturable", "sync_free", "deterministic", "exact_one_key",
+                      "fp8", "fp8_state"),
+        capability_devices={},
+    )  # fmt: skip
+    default = True
 
     def unavailable_reason(self, device):
         import te_fast

@@ -1,4 +1,4 @@
-"""Transformer Engine's own fused softmax kernels as an op implementation (tools/te_kernels).
+"""Transformer Engine's own fused softmax kernels as an op adapter (tools/te_kernels).
 
 The library is TE's fused_softmax/*.cu built unmodified by tools/te_kernels/build.py; this module
 loads it with ctypes and calls it the way TE's transformer_engine/pytorch/csrc/extensions/
@@ -17,6 +17,10 @@ from pathlib import Path
 
 import torch
 
+from te_conformance.suites.adapters.base import OpAdapter
+from te_conformance.suites.skips import Reason
+from te_fast import _registry
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LIB = ROOT / "build" / "te_kernels" / "libte_kernels.so"
 BUILD_HINT = (
@@ -28,13 +32,42 @@ BUILD_HINT = (
 SOFTMAX_CPP = "transformer_engine/pytorch/csrc/extensions/softmax.cpp"
 DTYPES = (torch.float16, torch.bfloat16)
 MAX_SK = 16384
-RANK = {
-    "scaled_softmax": 4,
-    "scaled_masked_softmax": 4,
-    "scaled_upper_triang_masked_softmax": 3,
-    "scaled_aligned_causal_masked_softmax": 4,
-}
-MASKED = {"scaled_masked_softmax"}
+# TE's four fused softmaxes are te_fast's softmax ops, by the same names (TE's functions are
+# scaled_softmax_forward, ...): the op table is te_fast's registry (te_fast/_registry.py)
+SOFTMAX_FORWARDS = {s.public: s for s in _registry.OPS if s.kind == _registry.SOFTMAX_FWD}
+RANK = {name: s.rank for name, s in SOFTMAX_FORWARDS.items()}
+MASKED = {name for name, s in SOFTMAX_FORWARDS.items() if s.masked}
+
+
+def _deviation(number: int, title: str, where: str, reproducer: str, checks=("value",)):
+    """TE's kernels' deviation ``number`` of docs/te_kernels.md as an expectation
+    (suites/expected.py)."""
+    from te_conformance.suites.expected import Expectation
+
+    return Expectation(
+        source="te_deviation", id=f"kernels-{number}", reason=title, checks=checks,
+        adapter="te_kernels", title=title, where=where,
+        defined_at="docs/te_kernels.md#te-deviations-read-from-the-source-at-d0067d0-run-on-an-"
+        "h100-on-2026-12-06",
+        reproducer=f"pytest -m gpu suites/te_fast/test_te_kernels.py -k {reproducer}",
+    )  # fmt: skip
+
+
+# TE's softmax kernels' recorded deviations (docs/te_kernels.md, "TE deviations"): the suites
+# expect them where they show (suites/te_fast/test_te_kernels.py); deviation 4 is never run
+# (fault_reasons) and deviation 5 is a known failure (suites/known_failures.py).
+DEVIATIONS = {
+    1: _deviation(1, "a -10000 mask fill beats kept scores: a row whose kept scaled scores are "
+                  "all below -10000 and which has a masked column comes back 0",
+                  "scaled_masked_softmax.cu:285,313; scaled_aligned_causal_masked_softmax.cu:194",
+                  "masked_fill_beats_kept_scores"),
+    2: _deviation(2, "masked columns get probability: kept scores near -10000 give each masked "
+                  "column exp(-10000 - max) of the weight, not exactly 0",
+                  "scaled_masked_softmax.cu:285,313", "masked_columns_get_probability"),
+    3: _deviation(3, "aligned causal counts pad columns: the register pad past sk is filled "
+                  "with -10000, not -inf (1/32 per column instead of 1/24 at sk = 24)",
+                  "scaled_aligned_causal_masked_softmax.cu:200", "aligned_causal_padding_columns"),
+}  # fmt: skip
 
 
 def library_path() -> Path:
@@ -211,3 +244,30 @@ def backward(op: str, dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.
         rc = fn(dy.data_ptr(), y.data_ptr(), dx.data_ptr(), _shape(dy), dtype, float(scale), stream)
     _check(rc, lib, f"{op}_backward")
     return dx
+
+
+class TeKernels(OpAdapter):
+    """TE's fused softmax kernels behind te_fast's softmax op table: the ops of the registry it
+    has (all four softmax pairs), TE's own rejections and the shapes whose run would fault as
+    its declines, its deviations (DEVIATIONS) for the suites to expect."""
+
+    name = "te_kernels"
+    ops = tuple(SOFTMAX_FORWARDS)
+    deviations = DEVIATIONS
+
+    def unavailable_reason(self, device: str = "cuda") -> str | None:
+        return unavailable_reason()
+
+    def declines(self, op: str, x_shape, dtype, mask_shape=None, backward=False) -> list[Reason]:
+        found = not_supported_reasons(op, x_shape, dtype, mask_shape, backward)
+        found += fault_reasons(op, x_shape)  # TE deviation 4: never run
+        return [Reason(text) for text in found]
+
+    def forward(self, op: str, x: torch.Tensor, *args) -> torch.Tensor:
+        return forward(op, x, *args)
+
+    def backward(self, op: str, dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+        return backward(op, dy, y, scale)
+
+
+TE_KERNELS = TeKernels()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from suites.adapters.base import Adapter, distribution_version
-from suites.cases import AttnCase
+from te_conformance.suites.adapters.base import Adapter, Rule, Support, distribution_version
+from te_conformance.suites.cases import AttnCase
 
 
 class TorchSdpa(Adapter):
@@ -15,44 +15,39 @@ class TorchSdpa(Adapter):
         return distribution_version("torch")
 
     name = "torch.sdpa"
-    layouts = ("bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bs3hd", "bsh3d", "sb3hd", "sbh3d")
-    mask_types = ("no_mask", "causal", "arbitrary")
-    bias_types = ("no_bias",)
-    softmax_types = ("vanilla",)
-    supports_max_logit = False
-    supports_window = False
-    # claimed (torch's sdpa kernels are widely run under CUDA graphs); a GPU run with
-    # --impl torch.sdpa checks it
-    capturable = sync_free = True
-    # deterministic: on the CPU (checked there); not claimed on CUDA
-    deterministic = True
-    capability_devices = {"deterministic": ("cpu",)}
-    why_not = {
-        "deterministic": "not claimed on CUDA: scaled_dot_product_attention's docstring warns "
-        "that with CUDA tensors 'this operator may select a nondeterministic algorithm' (cuDNN), "
-        "and the adapter leaves torch's backend choice and determinism settings alone",
-        "dropout": "the adapter does not pass dropout_p to scaled_dot_product_attention",
-        "dropout_ctx": "the adapter has no dropout (scaled_dot_product_attention takes no RNG "
-        "context either)",
-        "validates_arguments": "it takes no qkv_layout, cu_seqlens, bias or window arguments to "
-        "check: the adapter translates valid cases only",
-    }
-    why_unsupported = {
-        "fp8": "scaled_dot_product_attention has no FP8 attention with a scaling recipe",
-    }
-    default = False
-
-    def not_supported_reasons(self, case):
-        reasons = super().not_supported_reasons(case)
-        if case.mask_type == "causal" and case.sq != case.skv:
-            reasons.append("torch.sdpa is_causal is top-left only for square problems here")
-        if case.bottom_right_diagonal is not None:
-            reasons.append("torch.sdpa takes no bottom_right_diagonal (alignment override)")
-        return reasons
+    support = Support(
+        layouts=("bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bs3hd", "bsh3d", "sb3hd", "sbh3d"),
+        mask_types=("no_mask", "causal", "arbitrary"),
+        bias_types=("no_bias",),
+        softmax_types=("vanilla",),
+        outputs=(),
+        arguments=("cu_seqlens_padding", "padding_mask", "alibi_slopes", "softmax_offset"),
+        # capturable, sync_free: claimed (torch's sdpa kernels are widely run under CUDA
+        # graphs); a GPU run with --impl torch.sdpa checks them. deterministic: on the CPU
+        # (checked there), not claimed on CUDA
+        capabilities=("traceable", "capturable", "sync_free", "deterministic", "exact_one_key"),
+        capability_devices={"deterministic": ("cpu",), "exact_one_key": ("cpu",)},
+        rules=(
+            Rule(lambda c: c.mask_type == "causal" and c.sq != c.skv,
+                 "is_causal is top-left only for square problems here", "mask_causal"),
+        ),
+        why={
+            "deterministic": "not claimed on CUDA: scaled_dot_product_attention's docstring "
+            "warns that with CUDA tensors 'this operator may select a nondeterministic "
+            "algorithm' (cuDNN), and the adapter leaves torch's backend choice and determinism "
+            "settings alone",
+            "dropout": "the adapter does not pass dropout_p to scaled_dot_product_attention",
+            "dropout_ctx": "the adapter has no dropout (scaled_dot_product_attention takes no "
+            "RNG context either)",
+            "validates_arguments": "it takes no qkv_layout, cu_seqlens, bias or window "
+            "arguments to check: the adapter translates valid cases only",
+            "fp8": "scaled_dot_product_attention has no FP8 attention with a scaling recipe",
+        },
+    )  # fmt: skip
 
     def build(self, case, scale, dropout=0.0, dropout_ctx=None):
         if dropout or dropout_ctx is not None:
-            raise NotImplementedError(self.lacks("dropout"))
+            raise NotImplementedError(self.declines(needs=("dropout",))[0].text)
         return _Sdpa(case, scale)
 
 

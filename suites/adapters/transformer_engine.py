@@ -1,33 +1,30 @@
 """`--impl transformer_engine`: Transformer Engine's DotProductAttention, routed to its unfused
 backend, in the suites. With the real TE (wheel and native extension) on a GPU runner it runs as
 installed; on a machine without CUDA, TE 2.20.2's real Python runs on the CPU through the
-stand-ins of suites/adapters/te_cpu.py (docs/transformer_engine.md)."""
+stand-ins of suites/adapters/te_cpu_standin.py (docs/transformer_engine.md)."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
 import inspect
-import os
 import sys
 from types import ModuleType
 
 import torch
 
-from suites import te_deviations
-from suites.adapters import te_cpu
-from suites.adapters.base import Adapter, distribution_version
-from suites.cases import AttnCase
+from te_conformance.suites import te_deviations
+from te_conformance.suites.adapters import te_cpu_standin as te_cpu
+from te_conformance.suites.adapters.base import Adapter, Rule, Support, distribution_version
+from te_conformance.suites.adapters.te_loader import (  # noqa: F401  (re-exported)
+    TE_ENV,
+    load,
+    reset_alibi_cache,
+    stand_in,
+    te_version,
+)
+from te_conformance.suites.cases import AttnCase
 from te_ref.layouts import LAYOUTS, parse_layout
-
-# Set before transformer_engine is imported (TE reads some of them at import time): only the
-# unfused backend may run, and it may emulate FP8 (TE >= 2.8 runs FP8 attention unfused only so).
-TE_ENV = {
-    "NVTE_FLASH_ATTN": "0",
-    "NVTE_FUSED_ATTN": "0",
-    "NVTE_UNFUSED_ATTN": "1",
-    "NVTE_UnfusedDPA_Emulate_FP8": "1",
-}
 
 # DotProductAttention arguments newer than TE 2.0, with the release that added them (the skip
 # reason on an older install names it).
@@ -51,60 +48,6 @@ SAME_NAME = (
     "window_size", "bottom_right_diagonal", "core_attention_bias_type", "core_attention_bias",
     "alibi_slopes", "fp8_output",
 )  # fmt: skip
-
-_loaded: tuple[ModuleType | None, str | None] | None = None  # (transformer_engine.pytorch, why not)
-
-
-def load() -> tuple[ModuleType | None, str | None]:
-    """(transformer_engine.pytorch, None), or (None, why it cannot be used); imported once, with
-    TE_ENV set first. Called at run time only, never at collection.
-
-    The real TE first (its native extension, on a GPU runner); where that import fails and torch
-    sees no CUDA device, TE's Python again through the CPU stand-ins (te_cpu.import_te)."""
-    global _loaded
-    if _loaded is None:
-        _loaded = _import()
-    return _loaded
-
-
-def stand_in() -> bool:
-    """Whether TE runs through the CPU stand-in (not its native extension)."""
-    return te_cpu.is_stand_in(sys.modules.get("transformer_engine_torch"))
-
-
-def _import() -> tuple[ModuleType | None, str | None]:
-    imported_before = "transformer_engine.pytorch" in sys.modules
-    overridden = sorted(k for k, v in TE_ENV.items() if os.environ.get(k) != v)
-    os.environ.update(TE_ENV)
-    try:
-        import transformer_engine.pytorch as te
-    except Exception as e:  # not installed, or installed without its native parts
-        native_error = f"{type(e).__name__}: {e}"
-        absent = isinstance(e, ModuleNotFoundError) and e.name == "transformer_engine"
-        if absent or torch.cuda.is_available():
-            return None, f"transformer_engine not installed: {native_error}"
-        try:
-            te = te_cpu.import_te()
-        except Exception as e2:
-            te_cpu.forget_te()
-            return None, (
-                f"transformer_engine not installed: {native_error}; through the CPU stand-in: "
-                f"{type(e2).__name__}: {e2}"
-            )
-        return te, None
-    if imported_before and overridden:
-        return None, (
-            "transformer_engine was imported before this adapter could force its unfused backend "
-            f"({', '.join(overridden)} differed from {TE_ENV}); set them in the environment "
-            "before starting pytest"
-        )
-    return te, None
-
-
-def te_version() -> str:
-    te = sys.modules.get("transformer_engine")
-    return str(getattr(te, "__version__", "?"))
-
 
 def accepted(fn) -> frozenset[str]:
     """The keyword arguments a TE callable takes (its installed version's signature)."""
@@ -236,9 +179,9 @@ class TransformerEngine(Adapter):
         return distribution_version("transformer_engine")
 
     name = "transformer_engine"
-    devices = ("cpu", "cuda")
-    layouts = tuple(lay for lay in LAYOUTS if lay not in MIXED_LAYOUTS)
-    why_unsupported = {
+    # TE checks its arguments with assert statements (its own messages); a few are ValueErrors
+    argument_errors = (AssertionError, ValueError)
+    WHY = {
         **dict.fromkeys(
             MIXED_LAYOUTS,
             "q and the kv cache in different formats exist in TE only inside its KV cache "
@@ -246,14 +189,6 @@ class TransformerEngine(Adapter):
         ),
         "fp8": "TE's FP8 quantizers and autocast are native code (transformer_engine_torch), "
         "which the CPU stand-in lacks; with the native TE installed the FP8 cases run",
-    }
-    # deterministic: the unfused backend is torch's baddbmm, softmax and bmm (no atomics; TE's
-    # NVTE_ALLOW_NONDETERMINISTIC_ALGO concerns the fused backends, switched off here); checked
-    # on the CPU stand-in, not on a GPU (no TE there)
-    dropout = sync_free = deterministic = True
-    # TE checks its arguments with assert statements (its own messages); a few are ValueErrors
-    argument_errors = (AssertionError, ValueError)
-    why_not = {
         "validates_arguments": "TE checks its arguments with assert statements and its own "
         "messages (AssertionError: argument_errors), not the ValueErrors this test matches",
         "dropout_ctx": "not mapped: DotProductAttention takes no attention_dropout_ctx but "
@@ -261,7 +196,7 @@ class TransformerEngine(Adapter):
         "traceable": "through the CPU stand-in TE's CUDA queries are answered by monkeypatched "
         "torch.cuda functions and a TorchFunctionMode while TE code runs; dynamo traces "
         "torch.cuda.current_device() as the real one ('Torch not compiled with CUDA enabled'). "
-        "With the native TE the flag is on (not run on a GPU here)",
+        "With the native TE the capability is declared (not run on a GPU here)",
         "fp8_state": "not wired: TE keeps FP8 scaling state in fp8_meta['scaling_fwd'] and "
         "['scaling_bwd'] (amax_history [len, n], scale [n], by TE's tensor indices); the adapter "
         "does not read it, having no native TE on the project's GPU machine to check the mapping",
@@ -269,43 +204,47 @@ class TransformerEngine(Adapter):
         "no TE was installed on the project's GPU machine to check torch.compile's "
         "reduce-overhead capture of DotProductAttention",
     }
-    default = False
 
     @property
-    def traceable(self) -> bool:  # the CPU redirections are invisible to dynamo
-        return not stand_in()
-
-    @property
-    def supports_fp8(self) -> bool:  # FP8 quantizers are native code: real TE only
+    def support(self) -> Support:
+        """The declaration for the installed TE: its unfused path (dropout, sync-free,
+        deterministic: torch's baddbmm, softmax and bmm, no atomics; TE's
+        NVTE_ALLOW_NONDETERMINISTIC_ALGO concerns the fused backends, switched off here;
+        checked on the CPU stand-in, not on a GPU, where no TE was installed); tracing and FP8
+        only with the native TE (the CPU stand-in's redirections are invisible to dynamo, and
+        FP8 quantizers are native code); the arguments newer than the installed TE turned away
+        (ADDED_IN); CPU cases only through the stand-in. Without TE installed, what the native
+        TE declares: every case then skips as this machine's (unavailable_reason), never as
+        declined."""
         te, missing = load()
-        return missing is None and not stand_in()
-
-    def lacks(self, capability: str) -> str | None:
-        reason = super().lacks(capability)
-        return load()[1] or reason
-
-    def not_supported_reasons(self, case: AttnCase) -> list[str]:
-        te, missing = load()
-        if missing:
-            return [missing]
-        reasons = super().not_supported_reasons(case)
-        if case.device == "cpu" and not stand_in():
-            reasons.append(
-                "transformer_engine: the native TE is installed; CPU cases run only through the "
-                "CPU stand-in (suites/adapters/te_cpu.py), on machines without CUDA"
+        native = missing is None and not stand_in()
+        capabilities = ["dropout", "sync_free", "deterministic", "exact_one_key"]
+        if native or te is None:
+            capabilities += ["traceable", "fp8"]
+        rules = []
+        if native:
+            rules.append(Rule(
+                lambda c: c.device == "cpu", "the native TE is installed; CPU cases run only "
+                "through the CPU stand-in (suites/adapters/te_cpu_standin.py), on machines "
+                "without CUDA",
+            ))  # fmt: skip
+        if te is not None:
+            takes = accepted(te.DotProductAttention.__init__) | accepted(
+                te.DotProductAttention.forward
             )
-        takes = accepted(te.DotProductAttention.__init__) | accepted(te.DotProductAttention.forward)
-        for name, needed in (
-            ("softmax_type", case.softmax_type != "vanilla"),
-            ("return_max_logit", case.return_max_logit),
-            ("bottom_right_diagonal", case.bottom_right_diagonal is not None),
-        ):
-            if needed and name not in takes:
-                reasons.append(
-                    f"transformer_engine {te_version()}: DotProductAttention has no {name} "
-                    f"argument (TE {ADDED_IN[name]}+)"
-                )
-        return reasons
+            for name, feature, needed in (
+                ("softmax_type", None, lambda c: c.softmax_type != "vanilla"),
+                ("return_max_logit", "max_logit", lambda c: c.return_max_logit),
+                ("bottom_right_diagonal", "bottom_right_diagonal",
+                 lambda c: c.bottom_right_diagonal is not None),
+            ):  # fmt: skip
+                if name not in takes:
+                    why = f"TE {te_version()}: DotProductAttention has no {name} argument"
+                    rules.append(Rule(needed, f"{why} (TE {ADDED_IN[name]}+)", feature))
+        return Support(
+            layouts=tuple(lay for lay in LAYOUTS if lay not in MIXED_LAYOUTS),
+            capabilities=tuple(capabilities), rules=tuple(rules), why=self.WHY,
+        )  # fmt: skip
 
     def unavailable_reason(self, device: str) -> str | None:
         return load()[1]
@@ -356,7 +295,7 @@ class TransformerEngine(Adapter):
 
     def build(self, case, scale, dropout=0.0, dropout_ctx=None):
         if dropout_ctx is not None:
-            raise NotImplementedError(self.lacks("dropout_ctx"))
+            raise NotImplementedError(self.declines(needs=("dropout_ctx",))[0].text)
         te = self._te()
         takes = accepted(te.DotProductAttention.__init__)
         with self._region(case):
@@ -394,17 +333,6 @@ class TransformerEngine(Adapter):
         _require_unfused(module)
         out, max_logit = result if case.return_max_logit else (result, None)
         return out, max_logit, stand_in_leaves
-
-
-def reset_alibi_cache(module) -> None:
-    """Make TE rebuild its ALiBi slopes and bias on the next call, as in a fresh process: TE's
-    module-global _alibi_cache (dpa.py:99-108) is invalidated only when heads, max lengths,
-    alignment or slopes change (dpa.py:2689-2701), not when the actual lengths do (TE deviation
-    D4); one suite case must not inherit the bias of the one before."""
-    cache = getattr(sys.modules.get(type(module).__module__), "_alibi_cache", None)
-    if isinstance(cache, dict):
-        cache["_alibi_slopes_require_update"] = True
-        cache["_alibi_bias_require_update"] = True
 
 
 def _require_unfused(module) -> None:

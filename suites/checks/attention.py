@@ -5,21 +5,19 @@ from __future__ import annotations
 import dataclasses
 import zlib
 
-import pytest
 import torch
 
-import te_ref
-from reports import record
-from suites import devices
-from suites.adapters import Adapter
-from suites.cases import DTYPES, AttnCase, AttnInputs, make_inputs
-from suites.checks import contracts, coverage
-from suites.checks.numerics import (
+from te_conformance.reports import record
+from te_conformance.suites import devices, expected, features, skips
+from te_conformance.suites.adapters import Adapter, ready
+from te_conformance.suites.adapters.te_ref import TeRef
+from te_conformance.suites.cases import DTYPES, AttnCase, AttnInputs, make_inputs
+from te_conformance.suites.checks import contracts, coverage
+from te_conformance.suites.checks.numerics import (
     K_BACKWARD,
     K_FORWARD,
     CheckError,
     check_ratio,
-    failures_of,
     raise_failures,
 )
 
@@ -27,41 +25,41 @@ GRAD_NAMES = {"bias": "dbias", "offset": "dsoftmax_offset"}
 
 
 def prepare(
-    adapter: Adapter, case: AttnCase, impl_name: str | None = None
+    adapter: Adapter, case: AttnCase, impl_name: str | None = None, needs=()
 ) -> tuple[torch.device, AttnInputs]:
-    """Record the case, skip (with the reason) what cannot run here, and build its inputs."""
+    """Record the case, skip (recorded with its kind and reasons: suites/adapters ready) what
+    cannot run here, and build its inputs."""
     record.case(impl=impl_name or adapter.name, **case.fields())
-    reasons = adapter.not_supported_reasons(case)
-    if reasons:
-        pytest.skip("; ".join(reasons))
-    device = devices.require(case.device, needs_te_fast=False)
-    reason = adapter.unavailable_reason(case.device)
-    if reason:
-        pytest.skip(reason)
+    device = ready(adapter, case, *needs)
     rng = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
     return device, make_inputs(case, device, rng)
 
 
 def prepare_run(
-    adapter: Adapter, case: AttnCase, impl_name: str | None = None, substitute: bool = False
+    adapter: Adapter, case: AttnCase, impl_name: str | None = None, substitute: bool = False,
+    needs=(), values: bool = False,
 ) -> tuple[AttnCase, torch.device, AttnInputs]:
     """prepare() for the case as the adapter runs it (suites/checks/coverage.py): without an
     output it does not return (recorded as ``not_judged``), and with ``substitute`` (test_broad)
     each feature it declines replaced by the nearest it takes (recorded as ``substituted``, with
     the fields of the case that ran); skips, with the asked case's reasons, only what no variant
     can run. The inputs are seeded by the asked case's id. Returns (the case run, device,
-    inputs); a case the adapter takes as asked is returned unchanged."""
+    inputs); a case the adapter takes as asked is returned unchanged. ``values``: the test
+    judges the call's values, so the case's features are recorded (suites/features.py): the
+    asked case's where it cannot run, else the case that runs."""
     record.case(impl=impl_name or adapter.name, **case.fields())
+    if values:  # the asked case's, until a substitute runs
+        features.record_case_features(case)
+    skips.unless("inexpressible", [case.invalid_reason()])
     found = coverage.runnable(adapter, case, substitute)
     if found is None:
-        pytest.skip("; ".join(adapter.not_supported_reasons(case)))
+        skips.skip("declined", adapter.declines(case, needs))
     run, notes = found
     if notes:
         record.case(**run.fields(), **notes)
-    device = devices.require(case.device, needs_te_fast=False)
-    reason = adapter.unavailable_reason(case.device)
-    if reason:
-        pytest.skip(reason)
+        if values:
+            features.record_case_features(run, replace=True)
+    device = ready(adapter, run, *needs)
     rng = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
     return run, device, make_inputs(run, device, rng)
 
@@ -70,11 +68,14 @@ def _leaves_like(inputs: AttnInputs, dtype_of) -> dict[str, torch.Tensor]:
     return {n: t.detach().to(dtype_of(n, t)).requires_grad_() for n, t in inputs.leaves.items()}
 
 
-def reference(case: AttnCase, inputs: AttnInputs, compute_dtype: torch.dtype, scale: float):
-    """(out, max_logit, grads by leaf name) of te_ref in compute_dtype from the same inputs, on
-    the inputs' device. The float64 one is computed on devices.reference_device (CUDA where
-    there is one, for CPU cases too) and comes back; the same-precision one runs where the case
-    does, as its rounding is the bound's (SPEC §6)."""
+def reference(case: AttnCase, inputs: AttnInputs, compute: str, scale: float):
+    """(out, max_logit, grads by leaf name) of te_ref (the TeRef adapter) from the same inputs,
+    on the inputs' device: ``compute`` "float64" (ref64) or "same_precision" (ref_lp, in the
+    case's dtype). ref64 is computed on devices.reference_device (CUDA where there is one, for
+    CPU cases too) and comes back; ref_lp runs where the case does, as its rounding is the
+    bound's (SPEC §6). max_logit is computed whether or not the case asks for it."""
+    ref = TeRef(compute)
+    compute_dtype = ref.compute_dtype(case)
 
     def dtype_of(name, t):
         return t.dtype if name == "offset" and compute_dtype != torch.float64 else compute_dtype
@@ -90,11 +91,9 @@ def reference(case: AttnCase, inputs: AttnInputs, compute_dtype: torch.dtype, sc
         )
     leaves = _leaves_like(inputs, dtype_of)
     q, k, v, extra = inputs.views(leaves, case)
-    out, max_logit = te_ref.dot_product_attention(
-        q, k, v, softmax_scale=scale, softmax_type=case.softmax_type,
-        attention_type=case.attention_type, return_max_logit=True,
-        compute_dtype=compute_dtype, **inputs.kwargs, **extra,
-    )  # fmt: skip
+    with_max_logit = dataclasses.replace(case, return_max_logit=True)
+    module = ref.build(with_max_logit, scale)
+    out, max_logit, _ = ref.call(module, with_max_logit, q, k, v, {**inputs.kwargs, **extra})
     names = list(leaves)
     grads = torch.autograd.grad(out, [leaves[n] for n in names], inputs.grad_out.to(compute_dtype))
     return (
@@ -124,7 +123,7 @@ def run_impl(adapter: Adapter, module, case: AttnCase, inputs: AttnInputs, watch
     names = list(targets)
     grads = torch.autograd.grad(out, [targets[n] for n in names], inputs.grad_out)
     if watch:
-        contracts.assert_untouched("input after forward and backward", watched, before)
+        contracts.assert_untouched("input after forward and backward", before)
         contracts.assert_fresh_storage([out, *grads], watched)
     clone = None if max_logit is None else max_logit.detach().clone()
     return out.detach().clone(), clone, {n: g.clone() for n, g in zip(names, grads)}
@@ -206,8 +205,8 @@ def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> None:
 def judge_against_reference(case: AttnCase, inputs: AttnInputs, impl) -> None:
     """judge() with both references computed from the same inputs."""
     scale = case.d**-0.5
-    ref64 = reference(case, inputs, torch.float64, scale)
-    ref_lp = reference(case, inputs, DTYPES[case.dtype], scale)
+    ref64 = reference(case, inputs, "float64", scale)
+    ref_lp = reference(case, inputs, "same_precision", scale)
     judge(case, inputs, impl, ref64, ref_lp)
 
 
@@ -215,7 +214,7 @@ def check_case(adapter: Adapter, case: AttnCase, substitute: bool = False) -> No
     """The whole judgement of one eager case: implementation vs te_ref float64/same-precision,
     of the case as the adapter runs it (prepare_run: max_logit left out where the adapter
     returns none; with ``substitute``, declined features replaced by the nearest taken)."""
-    case, _, inputs = prepare_run(adapter, case, substitute=substitute)
+    case, _, inputs = prepare_run(adapter, case, substitute=substitute, values=True)
     module = adapter.build(case, None if case.default_scale else case.d**-0.5)
     impl = run_impl(adapter, module, case, inputs, watch=True)
     judge_with_deviations(adapter, case, inputs, impl)
@@ -224,64 +223,18 @@ def check_case(adapter: Adapter, case: AttnCase, substitute: bool = False) -> No
 # ----------------------------------------------------------------------------- deviations
 
 
-def xfail_deviations(adapter: Adapter, deviations, text: str | None = None):
-    """End the test as an expected failure explained by ``deviations`` (the adapter's
-    known_deviations, e.g. TE's), each recorded for the report (reports.record.expected,
-    source "deviation") with its id and reason; ``text`` is the xfail reason (default: the
-    deviations joined)."""
-    for d in deviations:
-        record.expected(source="deviation", adapter=getattr(adapter, "name", None),
-                        id=getattr(d, "id", None),
-                        reason=getattr(d, "reason", None) or str(d))  # fmt: skip
-    pytest.xfail(text if text is not None else "; ".join(str(d) for d in deviations))
-
-
-def known_deviations(adapter: Adapter, case: AttnCase, inputs: AttnInputs) -> tuple:
-    """The adapter's recorded deviations (SPEC §7, e.g. suites/te_deviations.py) this case
-    meets, asked with its lengths and forward arguments."""
+def known_deviations(adapter: Adapter, case: AttnCase, inputs: AttnInputs) -> list:
+    """The expectations (suites/expected.py) of the adapter's per-case hook for this case
+    (Adapter.known_deviations: TE's recorded deviations, SPEC §7), asked with its lengths and
+    forward arguments."""
     lengths = (inputs.lengths_q, inputs.lengths_kv)
-    return adapter.known_deviations(case, lengths=lengths, call_kwargs=inputs.kwargs)
-
-
-# What a recorded deviation explains unless it says otherwise (an ``explains`` attribute): the
-# value comparisons of judge() (SPEC §6's ratio and the exact zeros), on any tensor. A failure
-# spec is a check kind ("ratio") or a kind and a tensor ("dtype:max_logit").
-DEVIATION_EXPLAINS = ("ratio", "zero_rows")
-
-
-def unexplained_failures(error: BaseException, deviations) -> list[BaseException]:
-    """The failures of ``error`` (one, or a JudgementError's) that none of ``deviations``
-    explains: a failure that is no CheckError (an exception of the run, a contract) never is."""
-    specs = {s for d in deviations for s in getattr(d, "explains", DEVIATION_EXPLAINS)}
-    return [
-        f for f in failures_of(error)
-        if not (isinstance(f, CheckError) and {f.kind, f"{f.kind}:{f.tensor}"} & specs)
-    ]  # fmt: skip
+    found = adapter.known_deviations(case, lengths=lengths, call_kwargs=inputs.kwargs)
+    return [expected.from_deviation(d, adapter.name) for d in found]
 
 
 def judge_with_deviations(adapter: Adapter, case: AttnCase, inputs: AttnInputs, impl) -> None:
-    """judge_against_reference(), where a case the adapter's recorded deviations explain is a
-    STRICT and NARROW expected failure: it must fail the comparison, and only by failures the
-    deviations explain (each deviation's ``explains``, default DEVIATION_EXPLAINS): then xfail
-    with the deviations as the reason; any other failure fails the test, and so does passing
-    ("deviation no longer shows"). A case they do not explain is judged as usual."""
-    deviations = known_deviations(adapter, case, inputs)
-    try:
-        judge_against_reference(case, inputs, impl)
-    except AssertionError as e:
-        if deviations:
-            other = unexplained_failures(e, deviations)
-            if not other:
-                xfail_deviations(adapter, deviations)
-            e.add_note(
-                "not explained by the recorded deviations ("
-                + "; ".join(str(d) for d in deviations)
-                + "): "
-                + "; ".join(f"{type(f).__name__} {str(f).splitlines()[0][:120]}" for f in other)
-            )
-        raise
-    if deviations:
-        pytest.fail(
-            "deviation no longer shows: the case matches te_ref although it is recorded as "
-            + "; ".join(str(d) for d in deviations)
-        )
+    """judge_against_reference(), where the deviations the adapter's hook names for the case
+    are expected (suites/expected.py: the case must fail, and only by the checks they explain;
+    a pass fails as "no longer shows")."""
+    expected.expect(*known_deviations(adapter, case, inputs))
+    judge_against_reference(case, inputs, impl)

@@ -144,7 +144,7 @@ def uniform_masked_rows(name, *args):
 
 def _broken_adapters():
     """Adapters (suites/adapters/) around te_fast's module, each breaking one module contract."""
-    from suites import adapters as impls
+    from te_conformance.suites import adapters as impls
     from te_fast import UnfusedDotProductAttention
 
     class PrescalesQuery(UnfusedDotProductAttention):

@@ -1,5 +1,5 @@
 """The SPEC §3-4 contract assertions, shared by the suites and proven able to fail by
-suites/test_selftest.py (each one is run there against a deliberately broken op)."""
+suites/judge/test_selftest.py (each one is run there against a deliberately broken op)."""
 
 from __future__ import annotations
 
@@ -10,24 +10,34 @@ import torch
 import torch._inductor.cudagraph_trees
 from torch._dynamo.utils import counters
 
-from suites.checks.numerics import assert_bitwise_equal
+from te_conformance.suites.checks.numerics import assert_bitwise_equal
 
 
 def _tensors(args) -> list[torch.Tensor]:
     return [a for a in args if isinstance(a, torch.Tensor)]
 
 
-def snapshot(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [t.detach().clone() for t in tensors]
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """Every byte of t's storage (not just the view) as a uint8 tensor sharing it."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
-def assert_untouched(name: str, tensors: Sequence[torch.Tensor], before: Sequence[torch.Tensor]):
-    """Every tensor is bit-identical to its snapshot (no input, or dy, was written)."""
-    for i, (t, saved) in enumerate(zip(tensors, before)):
-        try:
-            assert_bitwise_equal(f"{name} #{i}", t, saved)
-        except AssertionError as e:
-            raise AssertionError(f"{e}: an input was written (mutates_args=() is a lie)") from None
+def snapshot(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(the live bytes, a copy) of each tensor's whole storage: a write anywhere in a storage an
+    input lives in, inside its view or not, is a write to the input."""
+    return [(storage_bytes(t), storage_bytes(t).clone()) for t in tensors]
+
+
+def assert_untouched(name: str, saved) -> None:
+    """Every storage ``snapshot`` saved is byte-identical to its copy (no input, or dy, was
+    written)."""
+    for i, (live, before) in enumerate(saved):
+        if not torch.equal(live, before):
+            n = int((live != before).sum())
+            raise AssertionError(
+                f"{name} #{i}: {n} bytes of its storage changed: an input was written "
+                "(mutates_args=() is a lie)"
+            )
 
 
 def storage_span(t: torch.Tensor) -> tuple[int, int]:

@@ -2,7 +2,7 @@
 
 Two rules, so that a case skips whole only when nothing of it can run:
 
-- An output the adapter does not return (max_logit: ``supports_max_logit = False``, or a rule of
+- An output the adapter does not return (max_logit: not among its Support ``outputs``, or a rule of
   its own such as flex_attention's max_logit with a sink softmax) is not asked for: the case runs
   without it and every other tensor is judged. Every suite that runs a case asking for max_logit
   follows it; the report records ``not_judged={"max_logit": the adapter's reason}``.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from suites.cases import DEVICE_DTYPES, AttnCase
+from te_conformance.suites.cases import DEVICE_DTYPES, AttnCase
 from te_ref.layouts import parse_layout
 
 # The mask types nearest to each, nearest first: the same causal band without the lengths, the
@@ -60,7 +60,7 @@ WEIGHT = {
     "window": 1, "bottom_right_diagonal": 1, "padding_from": 1, "layout": 2, "dtype": 2,
     "bias": 3, "softmax": 3, "mask_type": 3,
 }  # fmt: skip
-MAX_TRIED = 4000  # variants tried before giving up (each is one not_supported_reasons call)
+MAX_TRIED = 4000  # variants tried before giving up (each is one Adapter.declines call)
 KV_CACHE_EXTRA = 7  # suites/cases.py _build: a thd q's bshd/sbhd kv cache longer by this much
 
 
@@ -80,6 +80,11 @@ def _nearest_bias(bias) -> tuple:
     return ()
 
 
+def _reasons(adapter, case: AttnCase) -> list[str]:
+    """The texts of the adapter's reasons to decline ``case`` (Adapter.declines)."""
+    return [r.text for r in adapter.declines(case)]
+
+
 def _kv_cache(info) -> bool:
     return info.q_format == "thd" and info.kv_format != "thd"
 
@@ -95,7 +100,7 @@ def _layout_ladder(adapter, case: AttnCase) -> list[str]:
                 info.kv_format != asked.kv_format, _kv_cache(info) != _kv_cache(asked),
                 info.packing is not None, info.pack_dim != asked.pack_dim, name)  # fmt: skip
 
-    same_q = [n for n in adapter.layouts if parse_layout(n).q_format == asked.q_format]
+    same_q = [n for n in adapter.support.layouts if parse_layout(n).q_format == asked.q_format]
     return sorted(same_q, key=key)
 
 
@@ -105,31 +110,32 @@ def _ladders(adapter, case: AttnCase) -> dict[str, list]:
     def ladder(asked, nearer, allowed):
         return list(dict.fromkeys(v for v in (asked, *nearer) if allowed(v)))
 
+    support = adapter.support
     padding_ok = {
-        "cu_seqlens": adapter.supports_cu_seqlens_padding,
-        "mask": adapter.supports_padding_mask, "mask_left": adapter.supports_padding_mask,
+        "cu_seqlens": support.takes("cu_seqlens_padding"),
+        "mask": support.takes("padding_mask"), "mask_left": support.takes("padding_mask"),
     }  # fmt: skip
     return {
         "window": ladder(case.window, (None,) if case.window is not None else (),
-                         lambda w: w is None or adapter.supports_window),
+                         lambda w: w is None or support.takes("window_size")),
         "bottom_right_diagonal": ladder(
             case.bottom_right_diagonal, (None,) if case.bottom_right_diagonal is not None else (),
-            lambda d: d is None or adapter.supports_bottom_right_diagonal,
+            lambda d: d is None or support.takes("bottom_right_diagonal"),
         ),
         # the asked source stays first: it means nothing where the case has no padding lengths
         "padding_from": ladder(case.padding_from, NEAREST_PADDING[case.padding_from],
                                lambda p: p == case.padding_from or padding_ok[p]),
         "layout": _layout_ladder(adapter, case),
         "dtype": ladder(case.dtype, DEVICE_DTYPES.get(case.device, ()),
-                        lambda d: d in adapter.dtypes),
+                        lambda d: d in support.dtypes),
         "bias": ladder(_bias(case), _nearest_bias(_bias(case)),
-                       lambda b: b[0] in adapter.bias_types
-                       and (b[2] is None or adapter.supports_alibi_slopes)),
+                       lambda b: b[0] in support.bias_types
+                       and (b[2] is None or support.takes("alibi_slopes"))),
         "softmax": ladder((case.softmax_type, case.offset_via),
                           NEAREST_SOFTMAX[(case.softmax_type, case.offset_via)],
-                          lambda s: s[0] in adapter.softmax_types),
+                          lambda s: s[0] in support.softmax_types),
         "mask_type": ladder(case.mask_type, NEAREST_MASK[case.mask_type],
-                            lambda m: m in adapter.mask_types),
+                            lambda m: m in support.mask_types),
     }  # fmt: skip
 
 
@@ -169,7 +175,7 @@ def nearest_supported(adapter, case: AttnCase) -> tuple[AttnCase, dict[str, str]
     None when it takes none. Variants are tried cheapest first (the sum over features of
     WEIGHT times the steps down the feature's ladder, then the fewest features changed)."""
     ladders = _ladders(adapter, case)
-    if case.device not in adapter.devices or not all(ladders.values()):
+    if case.device not in adapter.support.devices or not all(ladders.values()):
         return None
     names = list(ladders)
     combos = sorted(
@@ -177,7 +183,7 @@ def nearest_supported(adapter, case: AttnCase) -> tuple[AttnCase, dict[str, str]
         key=lambda idx: (sum(WEIGHT[n] * i for n, i in zip(names, idx)),
                          sum(i > 0 for i in idx), idx),
     )  # fmt: skip
-    asked_reasons = adapter.not_supported_reasons(case)
+    asked_reasons = _reasons(adapter, case)
     tried = 0
     for idx in combos:
         variant = case
@@ -190,7 +196,7 @@ def nearest_supported(adapter, case: AttnCase) -> tuple[AttnCase, dict[str, str]
         tried += 1
         if tried > MAX_TRIED:
             return None
-        if adapter.not_supported_reasons(variant):
+        if _reasons(adapter, variant):
             continue
         changed = [n for n in names if _show(n, variant) != _show(n, case)]
         return variant, {n: _substitution(adapter, case, n, variant, asked_reasons)
@@ -208,7 +214,7 @@ def _substitution(adapter, case, feature, variant, asked_reasons) -> str:
     else:
         value = getattr(variant, feature)
     alone = _with(case, feature, value)
-    removed = [r for r in asked_reasons if r not in set(adapter.not_supported_reasons(alone))]
+    removed = [r for r in asked_reasons if r not in set(_reasons(adapter, alone))]
     why = "; ".join(removed) or "needed with the other substitutions"
     return f"{_show(feature, case)} -> {_show(feature, variant)}: {why}"
 
@@ -219,17 +225,17 @@ def runnable(
     """(the case as ``adapter`` runs it, what the report records about the difference:
     ``not_judged`` and, with ``substitute``, ``substituted``), or None when the adapter cannot
     run it. A case the adapter takes as asked comes back unchanged, with nothing to record."""
-    asked = adapter.not_supported_reasons(case)
+    asked = _reasons(adapter, case)
     if not asked:
         return case, {}
     run, notes = case, {}
     if case.return_max_logit:
         without = replace(case, return_max_logit=False)
-        left = set(adapter.not_supported_reasons(without))
+        left = set(_reasons(adapter, without))
         gone = [r for r in asked if r not in left]
         if gone:  # the refusal was (in part) max_logit's: run without it
             run, notes["not_judged"] = without, {"max_logit": "; ".join(gone)}
-    if adapter.not_supported_reasons(run):
+    if _reasons(adapter, run):
         found = nearest_supported(adapter, run) if substitute else None
         if found is None:
             return None

@@ -1,5 +1,5 @@
 """Determinism and batch invariance of the softmax ops: the checks, shared by
-suites/test_determinism.py and the self-tests that feed them broken stand-ins.
+suites/conformance/test_determinism.py and the self-tests that feed them broken stand-ins.
 
 Determinism: the same call gives the same bytes every time (RUNS runs). Batch invariance: a row
 gives the same bytes whether computed alone, in a batch of one (a fresh tensor or a slice of a
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from suites.adapters import ADAPTERS
-from suites.cases import AttnCase, make_inputs
-from suites.checks.attention import run_impl
-from suites.checks.numerics import assert_bitwise_equal
-from suites.fuzz.checks import OpImpl, te_fast_op
-from suites.op_cases import DTYPES, SOFTMAX_OPS
+from te_conformance.suites.adapters import ADAPTERS
+from te_conformance.suites.cases import AttnCase, make_inputs
+from te_conformance.suites.checks.attention import run_impl
+from te_conformance.suites.checks.numerics import assert_bitwise_equal
+from te_conformance.suites.fuzz.checks import OpImpl, te_fast_op
+from te_conformance.suites.op_cases import OP_DTYPES, SOFTMAX_OPS
 
 RUNS = 10
 # Row lengths that take every kernel path (csrc/cuda/softmax_impl.cuh): rows shared by a warp's
@@ -50,7 +50,7 @@ def check_determinism(op: str, dtype_name: str, device: str, sk: int,
                       impl: OpImpl = te_fast_op) -> None:  # fmt: skip
     """RUNS forward calls, then RUNS backward calls on the same inputs: identical bytes."""
     dev = torch.device(device)
-    dtype = DTYPES[dtype_name]
+    dtype = OP_DTYPES[dtype_name]
     gen = torch.Generator().manual_seed(sk)
     b = max(1, large_batch(device, sk) // 4)
     shape = _shape(op, b, sk)
@@ -77,7 +77,7 @@ def check_batch_invariance(
     and explicitly masked forwards, every backward). Forward and backward: identical bytes.
     mask_kind: "batch" (a mask per batch element) or "bcast" (one [1, 1, sq, sk] mask)."""
     dev = torch.device(device)
-    dtype = DTYPES[dtype_name]
+    dtype = OP_DTYPES[dtype_name]
     spec = SOFTMAX_OPS[op]
     gen = torch.Generator().manual_seed(1000 + sk)
     fwd, bwd = f"{op}_fwd", f"{op}_bwd"

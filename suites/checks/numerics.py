@@ -6,143 +6,18 @@ import math
 
 import torch
 
-from reports import record
+from te_conformance.reports import record
+from te_conformance.suites.checks.failures import (  # noqa: F401  (re-exported)
+    VALUE_CHECKS,
+    CheckError,
+    JudgementError,
+    RatioError,
+    failures_of,
+    raise_failures,
+)
 
 K_FORWARD = 2.0
 K_BACKWARD = 3.0
-
-
-class CheckError(AssertionError):
-    """A judged property of one tensor failed. ``tensor`` names it; ``kind`` says which check:
-    "ratio" (SPEC §6's error-ratio rule), "unjudgeable" (the rule's bound is infinite),
-    "zero_rows" (exact zeros of SPEC §2.4-2.5), "nan", "dtype", "shape". A subclass per
-    (kind, tensor) pair, ``CheckError.of(kind, tensor)``, lets ``pytest.mark.xfail(raises=...)``
-    expect one tensor's failure of one check and nothing else (suites/known_failures.py)."""
-
-    kind = ""
-    tensor = ""
-    _classes: dict[tuple[str, str], type] = {}
-
-    @staticmethod
-    def of(kind: str, tensor: str) -> type[CheckError]:
-        """The class of ``tensor``'s failures of the ``kind`` check (one per pair, cached)."""
-        key = (kind, tensor)
-        cls = CheckError._classes.get(key)
-        if cls is None:
-            base = RatioError if kind == "ratio" else CheckError
-            cls = type(base.__name__, (base,), {"kind": kind, "tensor": tensor})
-            cls.__qualname__ = base.__qualname__  # printed as RatioError / CheckError
-            cls.__module__ = __name__
-            CheckError._classes[key] = cls
-        return cls
-
-    @staticmethod
-    def new(kind: str, tensor: str, message: str) -> CheckError:
-        return CheckError.of(kind, tensor)(message)
-
-
-class RatioError(CheckError):
-    """A tensor failed SPEC §6's error-ratio rule (the instances are ``ratio_error(tensor)``'s)."""
-
-    kind = "ratio"
-
-
-def ratio_error(tensor: str) -> type[CheckError]:
-    """The class of ``tensor``'s failures of SPEC §6's error-ratio rule: what a known failure
-    of that tensor expects (``pytest.mark.xfail(raises=ratio_error("dk"))``)."""
-    return CheckError.of("ratio", tensor)
-
-
-class JudgementError(AssertionError):
-    """Several checks failed in one judgement: ``failures`` holds each CheckError (the message
-    joins theirs). One failure alone is raised as itself. Where every failure is a CheckError,
-    the error is an instance of ``JudgementError.of(keys)``, one subclass per set of (kind,
-    tensor) pairs, so that a known failure can expect exactly those tensors' failures."""
-
-    keys: frozenset = frozenset()
-    _classes: dict[frozenset, type] = {}
-
-    def __init__(self, failures: list[AssertionError]):
-        super().__init__("\n".join(str(f) for f in failures))
-        self.failures = list(failures)
-
-    @staticmethod
-    def of(keys: frozenset) -> type[JudgementError]:
-        """The class of a judgement whose failures are exactly ``keys`` ((kind, tensor) pairs)."""
-        cls = JudgementError._classes.get(keys)
-        if cls is None:
-            cls = type("JudgementError", (JudgementError,), {"keys": keys})
-            cls.__module__ = __name__
-            JudgementError._classes[keys] = cls
-        return cls
-
-
-def ratio_errors(tensors: tuple[str, ...]) -> type[AssertionError]:
-    """The class of SPEC §6 ratio failures of exactly ``tensors`` (one: ratio_error's)."""
-    if len(tensors) == 1:
-        return ratio_error(tensors[0])
-    return JudgementError.of(frozenset(("ratio", t) for t in tensors))
-
-
-# The checks that compare a tensor's values with the reference (judge()): SPEC §6's error ratio
-# and the exact zeros of SPEC §2.4-2.5. What an adapter's declared difference may fail
-# (suites/adapters/base.py Difference); dtype, shape, NaN and unjudgeable failures never count.
-VALUE_CHECKS = ("ratio", "zero_rows")
-
-
-class _ValueFailuresType(type):
-    """isinstance(error, value_failures(tensors)): the error is a CheckError of a VALUE_CHECKS
-    kind on one of ``tensors``, or a JudgementError all of whose failures are (at least one);
-    anything else (another tensor, another check, a plain assertion, an exception of the run)
-    is not."""
-
-    tensors: frozenset = frozenset()
-
-    def __instancecheck__(cls, error) -> bool:
-        if not isinstance(error, AssertionError):
-            return False
-        failures = failures_of(error)
-        return bool(failures) and all(
-            isinstance(f, CheckError) and f.kind in VALUE_CHECKS and f.tensor in cls.tensors
-            for f in failures
-        )
-
-    def __repr__(cls) -> str:
-        return f"<value failures of {', '.join(sorted(cls.tensors))}>"
-
-
-_value_failure_classes: dict[frozenset, type] = {}
-
-
-def value_failures(tensors) -> type[AssertionError]:
-    """The class an expected failure of ``tensors``' values raises (pytest.mark.xfail(raises=)
-    tests with isinstance): any non-empty set of VALUE_CHECKS failures of these tensors, and
-    nothing else. Looser than ratio_errors (which wants exactly the named tensors' ratio
-    failures): a declared difference covers many cases, each failing on some of its tensors."""
-    key = frozenset(tensors)
-    cls = _value_failure_classes.get(key)
-    if cls is None:
-        cls = _ValueFailuresType("ValueFailures", (AssertionError,), {"tensors": key})
-        cls.__module__ = __name__
-        _value_failure_classes[key] = cls
-    return cls
-
-
-def raise_failures(failures: list[AssertionError]) -> None:
-    """Nothing for no failure; the failure itself for one; a JudgementError for several."""
-    if len(failures) == 1:
-        raise failures[0]
-    if failures:
-        if all(isinstance(f, CheckError) for f in failures):
-            keys = frozenset((f.kind, f.tensor) for f in failures)
-            raise JudgementError.of(keys)(failures)
-        raise JudgementError(failures)
-
-
-def failures_of(error: BaseException) -> list[BaseException]:
-    """The single failures an error stands for (a JudgementError's, else the error itself)."""
-    return list(error.failures) if isinstance(error, JudgementError) else [error]
-
 
 # SPEC §6's amendment (docs/SPEC.md §6, "Tiny tensors"): a tensor of fewer than TINY_ELEMENTS
 # elements has the floor TINY_ULPS ulps of its largest finite |ref64|, where that is more than
@@ -261,14 +136,14 @@ def check_ratio(
     )
     if ratio > 1.0:
         at = f"[{', '.join(map(str, worst))}]"
-        raise ratio_error(name)(
+        raise CheckError.new("ratio", name,
             f"{name}: max |impl - ref64| = {max_err:.3e} > bound {bound:.3e} "
             f"(= {k:g} x same-precision error {ref_err_max:.3e} + floor {lowest:.1e}"
             f"{_floor_note(dtype, r, lowest)}); "
             f"ratio {ratio:.2f}; worst at {at}: impl {a[worst].item():.6g}, ref64 "
             f"{r[worst].item():.6g}, ref_lp {lp[worst].item():.6g}; {n_failed} of {err.numel()} "
-            f"elements over the bound, {int(bad_nan.sum())} NaN where the reference is finite"
-        )
+            f"elements over the bound, {int(bad_nan.sum())} NaN where the reference is finite",
+        )  # fmt: skip
     return ratio
 
 

@@ -22,14 +22,20 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import te_ref
-from reports import record
-from suites import devices
-from suites.adapters import ADAPTERS
-from suites.cases import AttnCase, make_inputs
-from suites.checks import contracts
-from suites.checks.attention import judge, known_deviations, reference
-from suites.checks.numerics import K_BACKWARD, K_FORWARD, check_exact, check_ratio, raise_failures
-from suites.op_cases import DTYPES
+from te_conformance.reports import record
+from te_conformance.suites import devices, expected
+from te_conformance.suites.adapters import ADAPTERS, default_adapter
+from te_conformance.suites.cases import AttnCase, make_inputs
+from te_conformance.suites.checks import contracts
+from te_conformance.suites.checks.attention import judge, known_deviations, reference
+from te_conformance.suites.checks.numerics import (
+    K_BACKWARD,
+    K_FORWARD,
+    check_exact,
+    check_ratio,
+    raise_failures,
+)
+from te_conformance.suites.op_cases import OP_DTYPES
 
 OpImpl = Callable[..., torch.Tensor]  # (op name, *args) -> output
 
@@ -98,27 +104,6 @@ def logical(t: torch.Tensor, layout: str) -> torch.Tensor:
 # ----------------------------------------------------------------------------- contract checks
 
 
-def storage_bytes(t: torch.Tensor) -> torch.Tensor:
-    """Every byte of t's storage (not just the view) as a uint8 tensor sharing it."""
-    storage = t.untyped_storage()
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
-
-
-def snapshot_storages(tensors) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(storage_bytes(t), storage_bytes(t).clone()) for t in tensors]
-
-
-def assert_storages_untouched(what: str, saved) -> None:
-    """Each watched storage is byte-identical to its snapshot (the whole storage)."""
-    for i, (live, before) in enumerate(saved):
-        if not torch.equal(live, before):
-            n = int((live != before).sum())
-            raise AssertionError(
-                f"{what}: {n} bytes of input #{i}'s storage changed: an input was written "
-                "(mutates_args=() is a lie)"
-            )
-
-
 def assert_no_alias(what: str, outputs, inputs) -> None:
     """No output's storage overlaps any input's (byte spans of the storages)."""
     try:
@@ -148,10 +133,10 @@ def assert_fake_matches(name: str, args: tuple, out: torch.Tensor) -> None:
 def call_checked(impl: OpImpl, name: str, args: tuple) -> torch.Tensor:
     """One op call under the contract checks: fresh storage, inputs untouched, fake = real."""
     inputs = [a for a in args if isinstance(a, torch.Tensor)]
-    saved = snapshot_storages(inputs)
+    saved = contracts.snapshot(inputs)
     out = impl(name, *args)
     assert_no_alias(name, [out], inputs)
-    assert_storages_untouched(name, saved)
+    contracts.assert_untouched(name, saved)
     assert_fake_matches(name, args, out)
     return out
 
@@ -195,18 +180,26 @@ def _note(text: str) -> None:
     note(text)
 
 
+def _note_reproducer(command: str) -> None:
+    """Print the command with a failing example (hypothesis' notes) and record it with the case
+    (the report's ``reproducer``: suites/expected.py note_reproducer)."""
+    _note(f"reproduce (from the repository root): {command}")
+    expected.note_reproducer(command)
+
+
 def reproducer(check: str, example, device: str, adapter=None) -> str:
-    """The line that runs the check on the example again; ``adapter`` (not te_fast) by its
-    name in ADAPTERS, or a comment naming it where it is not registered there."""
+    """The line that runs the check on the example again; ``adapter`` (unless it is the
+    registry's default, the check's own) by its name in ADAPTERS, or a comment naming it where
+    it is not registered there."""
     args, tail = f"{example!r}, {device!r}", ""
-    if adapter is not None and adapter.name != "te_fast":
+    if adapter is not None and adapter is not default_adapter():
         if ADAPTERS.get(adapter.name) is adapter:
             args += f", ADAPTERS[{adapter.name!r}]"
         else:
             tail = f"  # with adapter {adapter.name} ({type(adapter).__module__})"
     return (
-        "reproduce (from the repository root): PYTHONPATH=. python -c "
-        f'"from suites.fuzz.checks import *; {check}({args})"{tail}'
+        "PYTHONPATH=. python -c "
+        f'"from te_conformance.suites.fuzz.checks import *; {check}({args})"{tail}'
     )
 
 
@@ -247,7 +240,7 @@ class SoftmaxExample:
 def softmax_inputs(ex: SoftmaxExample, device) -> dict:
     """x (placed), mask (placed, masked op only), dy: the example's inputs on ``device``."""
     gen = torch.Generator().manual_seed(ex.seed)
-    dtype = DTYPES[ex.dtype]
+    dtype = OP_DTYPES[ex.dtype]
     x = torch.randn(ex.shape, generator=gen) * ex.magnitude
     if dtype == torch.float16:  # scale * x inside fp16's range, where the composite can judge it
         limit = 6e4 / max(1.0, abs(ex.scale))
@@ -275,13 +268,13 @@ def check_softmax_example(ex: SoftmaxExample, device: str, impl: OpImpl = te_fas
     """The forward op on (x, [mask,] scale) and the backward op on (dy, y, scale), each under
     the contract checks; y and dx against te_ref (float64 and same precision), each judged on
     this draw alone by check_ratio, SPEC §6's rule as the deterministic suites apply it."""
-    _note(reproducer("check_softmax_example", ex, device))
+    _note_reproducer(reproducer("check_softmax_example", ex, device))
     compared = _softmax_draw(ex, torch.device(device), impl, checked=True)
     failures = []
     for name, a, r, lp, k in compared:
         try:
             with _quiet():
-                check_ratio(name, a, r, lp, k, DTYPES[ex.dtype])
+                check_ratio(name, a, r, lp, k, OP_DTYPES[ex.dtype])
         except AssertionError as e:
             failures.append(e)
     raise_failures(failures)
@@ -290,7 +283,7 @@ def check_softmax_example(ex: SoftmaxExample, device: str, impl: OpImpl = te_fas
 def _softmax_draw(ex: SoftmaxExample, dev, impl: OpImpl, checked: bool = False) -> list[tuple]:
     """Run one draw of the example; [(name, impl, ref64, ref_lp, k)] for y and dx. ``checked``:
     each call under the contract checks (alias, mutation, fake)."""
-    dtype = DTYPES[ex.dtype]
+    dtype = OP_DTYPES[ex.dtype]
     inp = softmax_inputs(ex, dev)
     x, mask, dy, gen = inp["x"], inp["mask"], inp["dy"], inp["gen"]
     fwd, bwd = f"{ex.op}_fwd", f"{ex.op}_bwd"
@@ -376,7 +369,7 @@ class ConvertExample:
 def convert_arguments(ex: ConvertExample, device) -> tuple[str, tuple, list[int]]:
     """(op name, op arguments, cu_seqlens as a list) of the example on ``device``."""
     gen = torch.Generator().manual_seed(ex.seed)
-    dtype = DTYPES[ex.dtype]
+    dtype = OP_DTYPES[ex.dtype]
     b = len(ex.lengths)
     cu = [0]
     for n in ex.lengths:
@@ -426,7 +419,7 @@ def check_convert_example(ex: ConvertExample, device: str, impl: OpImpl = te_fas
     checks. An invalid one (te_ref raises): on the CPU, and on CUDA with TE_FAST_DEBUG_CHECKS=1,
     a RuntimeError naming the op and the argument; on CUDA without it no error (no host sync)
     but every affected row NaN, exactly the rows that the kernels' rule marks."""
-    _note(reproducer("check_convert_example", ex, device))
+    _note_reproducer(reproducer("check_convert_example", ex, device))
     name, args, cu = convert_arguments(ex, torch.device(device))
     _note(call_text(name, args) + f"  # cu_seqlens = {cu}")
     ref, invalid = _te_ref_convert(name, args)
@@ -507,13 +500,14 @@ def check_module_example(ex: ModuleExample, device: str, adapter=None) -> None:
     SPEC §6 rule the deterministic suites use (exact zeros where te_ref has whole zero rows, no
     NaN); no output or gradient shares storage with an input; no byte of an input, mask,
     cu_seqlens or dO changes. A call that te_ref rejects must be rejected: by te_fast with the
-    same ValueError, by another adapter that validates its arguments with one of its
-    argument_errors; an adapter that does not validate is not judged on it. A call the adapter's
+    same ValueError (an adapter with the reference_messages capability, te_fast's), by another
+    adapter that validates its arguments with one of its argument_errors; an adapter that does
+    not validate is not judged on it. A call the adapter's
     recorded deviations (SPEC §7) explain is not judged either (the deterministic suites run
     those as strict expected failures; a drawn example cannot be one)."""
-    adapter = adapter or ADAPTERS["te_fast"]
+    adapter = adapter or default_adapter()
     case = replace(ex.case, device=device)
-    _note(reproducer("check_module_example", replace(ex, case=case), device, adapter))
+    _note_reproducer(reproducer("check_module_example", replace(ex, case=case), device, adapter))
     dev = torch.device(device)
     rng = torch.Generator().manual_seed(ex.seed)
     inputs = make_inputs(case, dev, rng)
@@ -538,8 +532,8 @@ def check_module_example(ex: ModuleExample, device: str, adapter=None) -> None:
         rejected = None
     except ValueError as e:
         rejected = e
-    if rejected is not None and not adapter.validates_arguments:
-        why = adapter.lacks("validates_arguments")
+    why = adapter.support.lacks(adapter.name, "validates_arguments", device)
+    if rejected is not None and why is not None:
         _note(f"not judged: te_ref rejects the call ({rejected}); {why}")
         return
     if rejected is None and known_deviations(adapter, case, inputs):
@@ -551,13 +545,13 @@ def check_module_example(ex: ModuleExample, device: str, adapter=None) -> None:
         for u in t if isinstance(t, (tuple, list)) else (t,):
             if isinstance(u, torch.Tensor) and all(u is not w for w in tensors):
                 tensors.append(u)
-    saved = snapshot_storages(tensors)
+    saved = contracts.snapshot(tensors)
     if rejected is not None:
         try:
             adapter.call(module, case, q, k, v, kwargs)
         except adapter.argument_errors as e:
-            if adapter.name == "te_fast":  # te_fast keeps te_ref's (TE's) messages word for word
-                assert str(e) == str(rejected), f"te_ref says {rejected}, te_fast says {e}"
+            if adapter.support.has("reference_messages", device):
+                assert str(e) == str(rejected), f"te_ref says {rejected}, {adapter.name} says {e}"
             return
         raise AssertionError(f"{adapter.name} accepted a call te_ref rejects: {rejected}")
     out, max_logit, stand_in = adapter.call(module, case, q, k, v, kwargs)
@@ -566,10 +560,10 @@ def check_module_example(ex: ModuleExample, device: str, adapter=None) -> None:
     names = list(targets)
     grads = torch.autograd.grad(out, [targets[n] for n in names], inputs.grad_out)
     assert_no_alias("gradients", list(grads), tensors)
-    assert_storages_untouched("input after forward and backward", saved)
+    contracts.assert_untouched("input after forward and backward", saved)
     impl = (out.detach(), None if max_logit is None else max_logit.detach(),
             dict(zip(names, grads)))  # fmt: skip
     with _quiet():
-        ref64 = reference(case, inputs, torch.float64, scale)
-        ref_lp = reference(case, inputs, DTYPES[case.dtype], scale)
+        ref64 = reference(case, inputs, "float64", scale)
+        ref_lp = reference(case, inputs, "same_precision", scale)
         judge(case, inputs, impl, ref64, ref_lp)

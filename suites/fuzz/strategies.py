@@ -22,10 +22,17 @@ import hypothesis
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from suites.cases import BIAS_SHAPES, AttnCase
-from suites.fuzz.checks import CORRUPTIONS, LAYOUTS, ConvertExample, ModuleExample, SoftmaxExample
-from suites.fuzz.profiles import PROFILES, profile_name
-from suites.op_cases import CONVERT_DTYPES, SOFTMAX_DTYPES
+from te_conformance.reports import record
+from te_conformance.suites.cases import BIAS_SHAPES, AttnCase
+from te_conformance.suites.fuzz.checks import (
+    CORRUPTIONS,
+    LAYOUTS,
+    ConvertExample,
+    ModuleExample,
+    SoftmaxExample,
+)
+from te_conformance.suites.fuzz.profiles import PROFILES, profile_name
+from te_conformance.suites.op_cases import CONVERT_DTYPES, SOFTMAX_DTYPES
 from te_ref.layouts import ATTN_MASK_TYPES, parse_layout
 from te_ref.layouts import LAYOUTS as QKV_LAYOUTS
 
@@ -36,6 +43,15 @@ def examples(device: str, kind: str) -> int:
     if os.environ.get(EXAMPLES_ENV):
         return int(os.environ[EXAMPLES_ENV])
     return PROFILES[profile_name()][device][kind]
+
+
+def record_run(what: str, device_name: str, kind: str, impl: str = "te_fast") -> int:
+    """Record what a fuzz test draws (its kind, device, profile and count) for the report; the
+    number of examples."""
+    n = examples(device_name, kind)
+    record.case(impl=impl, layout=f"fuzz:{what}", device=device_name,
+                mask_type=f"{profile_name()}:{n}")  # fmt: skip
+    return n
 
 
 def fuzz_settings(max_examples: int, shrink: bool = True) -> settings:
@@ -221,11 +237,12 @@ SOFTMAXES = (
 
 def supported_layouts(family: str, adapter=None) -> list[str]:
     """The family's layouts the adapter takes (all of them without one)."""
-    return [n for n in FAMILIES[family] if adapter is None or n in adapter.layouts]
+    return [n for n in FAMILIES[family] if adapter is None or n in adapter.support.layouts]
 
 
-def _takes(adapter, flag: str) -> bool:
-    return adapter is None or bool(getattr(adapter, flag))
+def _takes(adapter, name: str) -> bool:
+    """Whether the adapter (none: every) takes the optional argument or output ``name``."""
+    return adapter is None or adapter.support.takes(name)
 
 
 @st.composite
@@ -234,13 +251,14 @@ def module_examples(draw, family: str, device: str, adapter=None):
     alignment, bias, softmax type, GQA/MQA group, MLA head dims, cross attention, ragged lengths
     (random, an empty sequence, one full sequence, trailing tokens), a longer kv cache. With an
     adapter, only what it declares (its layouts, dtypes, mask, bias and softmax types, optional
-    arguments) is drawn, and a case it still turns away (not_supported_reasons) is discarded."""
+    arguments) is drawn, and a case it still turns away (Adapter.declines) is discarded."""
     a = adapter
+    s = None if a is None else a.support
     layout = draw(st.sampled_from(supported_layouts(family, a)))
     info = parse_layout(layout)
     masks = [
         m for m in ATTN_MASK_TYPES
-        if not (info.q_format == "thd" and m == "arbitrary") and (a is None or m in a.mask_types)
+        if not (info.q_format == "thd" and m == "arbitrary") and (s is None or m in s.mask_types)
     ]  # fmt: skip
     mask_type = draw(st.sampled_from(masks))
     h = draw(st.sampled_from((1, 2, 3, 4)))
@@ -252,25 +270,25 @@ def module_examples(draw, family: str, device: str, adapter=None):
     dv = d if info.packing else draw(st.integers(1, 8))
     biases = [
         (kind, shape, slopes) for kind, shape, slopes in BIASES
-        if a is None or (kind in a.bias_types and (slopes is None or a.supports_alibi_slopes))
+        if s is None or (kind in s.bias_types and (slopes is None or s.takes("alibi_slopes")))
     ]  # fmt: skip
     bias_type, bias_shape, slopes = draw(st.sampled_from(biases))
     softmaxes = [
         (kind, via) for kind, via in SOFTMAXES
-        if a is None or (kind in a.softmax_types
-                         and (kind != "learnable" or a.supports_softmax_offset))
+        if s is None or (kind in s.softmax_types
+                         and (kind != "learnable" or s.takes("softmax_offset")))
     ]  # fmt: skip
     softmax_type, offset_via = draw(st.sampled_from(softmaxes))
-    window = draw(st.sampled_from(WINDOWS if _takes(a, "supports_window") else (None,)))
+    window = draw(st.sampled_from(WINDOWS if _takes(a, "window_size") else (None,)))
     if window is not None and "causal" in mask_type and window[1] > 0:
         window = (window[0], 0)  # a right context conflicts with a causal type (an error case)
-    alignments = (None, True, False) if _takes(a, "supports_bottom_right_diagonal") else (None,)
+    alignments = (None, True, False) if _takes(a, "bottom_right_diagonal") else (None,)
     padding_from = [
-        p for p, flag in (("cu_seqlens", "supports_cu_seqlens_padding"),
-                          ("mask", "supports_padding_mask"), ("mask_left", "supports_padding_mask"))
-        if _takes(a, flag)
+        p for p, name in (("cu_seqlens", "cu_seqlens_padding"), ("mask", "padding_mask"),
+                          ("mask_left", "padding_mask"))
+        if _takes(a, name)
     ] or ["cu_seqlens"]  # fmt: skip
-    dtypes = [t for t in MODULE_DTYPES[device] if a is None or t in a.dtypes]
+    dtypes = [t for t in MODULE_DTYPES[device] if s is None or t in s.dtypes]
     thd_cache = info.q_format == "thd" and info.kv_format != "thd"
     case = AttnCase(
         layout, draw(st.sampled_from(dtypes)), mask_type, device=device,
@@ -281,10 +299,10 @@ def module_examples(draw, family: str, device: str, adapter=None):
         padding_from=draw(st.sampled_from(padding_from)),
         varlen=draw(st.sampled_from(("random", "zero_length", "full", "trailing"))),
         kv_cache_extra=draw(st.integers(0, 3)) if thd_cache else 0,
-        return_max_logit=draw(st.booleans()) if _takes(a, "supports_max_logit") else False,
+        return_max_logit=draw(st.booleans()) if _takes(a, "max_logit") else False,
     )  # fmt: skip
     hypothesis.assume(case.invalid_reason() is None)
-    hypothesis.assume(a is None or not a.not_supported_reasons(case))
+    hypothesis.assume(a is None or not a.declines(case))
     return ModuleExample(case, seed=draw(st.integers(0, 2**16)))
 
 
@@ -374,5 +392,5 @@ def module_explicit(family: str, device: str, adapter=None) -> list[ModuleExampl
     ]
     return [
         ex for ex in examples
-        if adapter is None or not adapter.not_supported_reasons(replace(ex.case, device=device))
+        if adapter is None or not adapter.declines(replace(ex.case, device=device))
     ]  # fmt: skip

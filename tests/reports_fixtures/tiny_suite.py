@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from reports import record
+from te_conformance.reports import record
 
 # The tests rewrite these lines in their copy to get the variant they need.
 INCLUDE_FAILING = True

@@ -20,7 +20,7 @@ import argparse
 
 import torch
 
-from suites.cases import DTYPES
+from te_conformance.suites.cases import DTYPES
 
 TABLE = (
     "--op fwd --sk 128",

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 import torch
 
-from suites.cases import DTYPES
+from te_conformance.suites.cases import DTYPES
 
 LENGTHS = (32, 100, 128, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 65537)
 QUICK_LENGTHS = (32, 100, 1000)

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import te_fast  # noqa: E402
-from suites.cases import AttnCase, make_inputs  # noqa: E402
+from te_conformance.suites.cases import AttnCase, make_inputs  # noqa: E402
 from te_ref.layouts import ATTN_MASK_TYPES, LAYOUTS, parse_layout  # noqa: E402
 
 SMALL = dict(b=2, sq=9, skv=9, h=4, hg=4, d=16, dv=16)

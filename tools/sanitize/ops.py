@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import te_fast  # noqa: E402
-from suites.op_cases import range_end_scores  # noqa: E402
+from te_conformance.suites.op_cases import range_end_scores  # noqa: E402
 from te_fast import ops  # noqa: E402
 
 # Row lengths: one column; inside one thread's chunks; a warp's lanes (partial and whole);

@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
-from suites.adapters.base import Adapter, Difference
-from suites.cases import AttnCase, fully_masked_rows
+from te_conformance.suites.adapters.base import ARGUMENTS, Adapter, Difference, Rule, Support
+from te_conformance.suites.cases import AttnCase, fully_masked_rows
+from te_ref.layouts import BOTTOM_RIGHT_MASK_TYPES
 
 LAYOUTS = ("bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bs3hd", "bsh3d", "sb3hd", "sbh3d",
            "bshd_bs2hd", "bshd_bsh2d", "sbhd_sb2hd", "sbhd_sbh2d")  # fmt: skip
 THD_LAYOUTS = ("thd_thd_thd", "t3hd", "th3d", "thd_t2hd", "thd_th2d",
                "thd_bshd_bshd", "thd_sbhd_sbhd", "bshd_thd_thd", "sbhd_thd_thd")  # fmt: skip
 # TE forces the causal types' alignment whatever bottom_right_diagonal says (SPEC §2)
-BOTTOM_RIGHT = ("causal_bottom_right", "padding_causal_bottom_right")
+BOTTOM_RIGHT = BOTTOM_RIGHT_MASK_TYPES
 
 
 # The tests whose inputs' lengths and masks are those suites.cases.fully_masked_rows sees: the
@@ -83,7 +84,7 @@ def _has_fully_masked_rows(case: AttnCase) -> bool:
     return case.invalid_reason() is None and fully_masked_rows(case) > 0
 
 
-# Cases a predicate over the case cannot pick, each found by `python -m reports run --impl
+# Cases a predicate over the case cannot pick, each found by `python -m te_conformance run --impl
 # hf_sdpa` on torch 2.13 CPU and diagnosed: the CPU flash kernel's rounding (each passes when
 # rerun under torch's math backend), or fully masked rows (its failures include out's zero rows)
 # in inputs suites.cases.fully_masked_rows does not see (test_broad's substituted variants, the
@@ -135,43 +136,59 @@ class HfSdpaAdapter(Adapter):
     """transformers' sdpa_attention_forward behind TE's DotProductAttention forward arguments."""
 
     name = "hf_sdpa"  # what --impl selects; equal to the entry point's name
-    layouts = LAYOUTS
-    bias_types = ("no_bias",)
-    softmax_types = ("vanilla",)
-    supports_max_logit = False
-    supports_window = False
-    deterministic = True  # on the CPU (checked there), as torch.sdpa's adapter claims
-    capability_devices = {"deterministic": ("cpu",)}
-    why_unsupported = {
-        **dict.fromkeys(
-            THD_LAYOUTS,
-            "HF's sdpa path takes padded (b, h, s, d) batches; variable-length tokens are its "
-            "flash_attention_2 path",
+    support = Support(
+        layouts=LAYOUTS,
+        bias_types=("no_bias",),
+        softmax_types=("vanilla",),
+        outputs=(),  # the output only
+        arguments=tuple(a for a in ARGUMENTS if a != "window_size"),
+        # deterministic on the CPU (checked there), as torch.sdpa's adapter claims
+        capabilities=("traceable", "deterministic", "exact_one_key"),
+        capability_devices={"deterministic": ("cpu",), "exact_one_key": ("cpu",)},
+        rules=(
+            Rule(lambda c: c.mask_type in BOTTOM_RIGHT and c.sq > c.skv,
+                 "HF's bottom-right causal mask comes from a KV cache (the sq queries are the "
+                 "newest of skv positions: past_key_values_length = skv - sq >= 0); sq > skv has "
+                 "no HF form"),
+            Rule(lambda c: c.mask_type == "padding_causal" and c.sq != c.skv,
+                 "HF builds a padded causal mask from a KV cache, bottom-right; a top-left "
+                 "padded causal mask with sq != skv has no HF form", "mask_padding_causal"),
+            Rule(lambda c: c.mask_type == "padding_causal_bottom_right"
+                 and c.padding_from == "mask_left" and c.sq != c.skv,
+                 "TE lays the bottom-right band over the padded grid offset by the real lengths "
+                 "(SPEC §2); HF's left-padded cache aligns the real tokens instead: the two agree "
+                 "on left-padded masks only where sq == skv", "mask_padding_causal_bottom_right"),
         ),
-        **dict.fromkeys(
-            ("pre_scale_bias", "post_scale_bias"),
-            "transformers 4.57's sdpa_attention_forward takes no bias",
-        ),
-        "alibi": "HF's ALiBi models (BLOOM, Falcon, MPT) add ALiBi to their own float mask; "
-        "sdpa_attention_forward has none",
-        **dict.fromkeys(
-            ("off-by-one", "learnable"),
-            "HF's attention sinks (gpt-oss) are its eager path; sdpa_attention_forward has none",
-        ),
-        "fp8": "sdpa_attention_forward has no FP8 attention",
-    }
-    why_not = {
-        "deterministic": "not claimed on CUDA: torch's sdpa may pick a nondeterministic kernel",
-        "dropout": "the adapter passes dropout=0.0, as an HF model in eval mode does",
-        "dropout_ctx": "no dropout",
-        "validates_arguments": "sdpa_attention_forward takes no qkv_layout, cu_seqlens or "
-        "window to check: the adapter translates valid cases only",
-        "capturable": "not claimed: HF's mask preparation reads the mask on the host in eager "
-        "mode (torch.all(attention_mask == 1))",
-        "sync_free": "HF's mask preparation reads the mask on the host in eager mode "
-        "(torch.all(attention_mask == 1))",
-    }
-    default = False
+        why={
+            **dict.fromkeys(
+                THD_LAYOUTS,
+                "HF's sdpa path takes padded (b, h, s, d) batches; variable-length tokens are "
+                "its flash_attention_2 path",
+            ),
+            **dict.fromkeys(
+                ("pre_scale_bias", "post_scale_bias"),
+                "transformers 4.57's sdpa_attention_forward takes no bias",
+            ),
+            "alibi": "HF's ALiBi models (BLOOM, Falcon, MPT) add ALiBi to their own float mask; "
+            "sdpa_attention_forward has none",
+            **dict.fromkeys(
+                ("off-by-one", "learnable"),
+                "HF's attention sinks (gpt-oss) are its eager path; sdpa_attention_forward has "
+                "none",
+            ),
+            "fp8": "sdpa_attention_forward has no FP8 attention",
+            "deterministic": "not claimed on CUDA: torch's sdpa may pick a nondeterministic "
+            "kernel",
+            "dropout": "the adapter passes dropout=0.0, as an HF model in eval mode does",
+            "dropout_ctx": "no dropout",
+            "validates_arguments": "sdpa_attention_forward takes no qkv_layout, cu_seqlens or "
+            "window to check: the adapter translates valid cases only",
+            "capturable": "not claimed: HF's mask preparation reads the mask on the host in "
+            "eager mode (torch.all(attention_mask == 1))",
+            "sync_free": "HF's mask preparation reads the mask on the host in eager mode "
+            "(torch.all(attention_mask == 1))",
+        },
+    )  # fmt: skip
 
     differences = (
         Difference(test="test_*", tensors=("out", "dq", "dk", "dv"), where=_top_left_decode,
@@ -190,31 +207,6 @@ class HfSdpaAdapter(Adapter):
     def __init__(self):
         self._scale_built: dict[AttnCase, float | None] = {}
 
-    def not_supported_reasons(self, case):
-        reasons = super().not_supported_reasons(case)
-        if case.mask_type in BOTTOM_RIGHT and case.sq > case.skv:
-            reasons.append(
-                "hf_sdpa: HF's bottom-right causal mask comes from a KV cache (the sq queries "
-                "are the newest of skv positions: past_key_values_length = skv - sq >= 0); "
-                "sq > skv has no HF form"
-            )
-        if case.mask_type == "padding_causal" and case.sq != case.skv:
-            reasons.append(
-                "hf_sdpa: HF builds a padded causal mask from a KV cache, bottom-right; a "
-                "top-left padded causal mask with sq != skv has no HF form"
-            )
-        if (
-            case.mask_type == "padding_causal_bottom_right"
-            and case.padding_from == "mask_left"
-            and case.sq != case.skv
-        ):
-            reasons.append(
-                "hf_sdpa: TE lays the bottom-right band over the padded grid offset by the "
-                "real lengths (SPEC §2); HF's left-padded cache aligns the real tokens instead: "
-                "the two agree on left-padded masks only where sq == skv"
-            )
-        return reasons
-
     def unavailable_reason(self, device):
         try:
             import transformers.integrations.sdpa_attention  # noqa: F401
@@ -224,7 +216,7 @@ class HfSdpaAdapter(Adapter):
 
     def build(self, case, scale, dropout=0.0, dropout_ctx=None):
         if dropout or dropout_ctx is not None:
-            raise NotImplementedError(self.lacks("dropout"))
+            raise NotImplementedError(self.declines(needs=("dropout",))[0].text)
         self._scale_built[case] = scale  # read by known_deviations (the mask table's scale)
         return HfAttention(case, scale)
 
