@@ -7,8 +7,9 @@ catalogue, suites/features.py); a column is an implementation; a cell sums up th
 that implementation (their recorded ``adapter``) that recorded that feature: conformant, not
 conformant (how many failed and one reproducer), a recorded deviation (expected failures: TE
 deviations, known failures, declared differences), not supported (skips of kind "declined", the
-most common reason about the row's feature) or not run. The matrix reads the recorded fields
-alone: no test name, no message text, nothing of the suites.
+most common reason about the row's feature; a case that ran without a feature it asked for,
+its ``declined_features``, counts there as declined) or not run. The matrix reads the recorded
+fields alone: no test name, no message text, nothing of the suites.
 
 Written as matrix.md, matrix.html (self-contained) and matrix.png (matplotlib; skipped with a
 message without it), with matrix.json, the matrix as data. docs/reports.md describes it.
@@ -31,7 +32,7 @@ SCHEMA = "te-conformance-matrix"
 SCHEMA_VERSION = 2
 PNG_KEY = b"te-conformance-matrix"  # the PNG's tEXt chunk: the sha256 of the matrix it draws
 # what a compact copy of a run keeps of each case (summarize_run)
-KEPT = ("nodeid", "outcome", "adapter", "features", "skip", "expected")
+KEPT = ("nodeid", "outcome", "adapter", "features", "declined_features", "skip", "expected")
 
 # ------------------------------------------------------------------------------------- cells
 
@@ -78,6 +79,19 @@ def declined(case: dict) -> bool:
     """Whether a skipped case was turned away by its implementation's adapter (its recorded
     skip kind), not by this machine or by a combination that does not exist."""
     return (case.get("skip") or {}).get("kind") == "declined"
+
+
+def declined_part(case: dict, feature: str) -> dict | None:
+    """The part of a case its adapter declined, as a skip of kind "declined" about ``feature``:
+    a case that asked for the feature and ran without it (its recorded ``declined_features``:
+    a substituted variant, max_logit left out), None where it did not. The rest of the case
+    counts in the rows of the features it ran with."""
+    texts = [d.get("text") or "-" for d in case.get("declined_features") or []
+             if isinstance(d, dict) and d.get("feature") == feature]  # fmt: skip
+    if not texts:
+        return None
+    reasons = [{"text": t, "feature": feature} for t in texts]
+    return {**case, "outcome": "skipped", "skip": {"kind": "declined", "reasons": reasons}}
 
 
 def main_reason(cases: list[dict], feature: str | None = None) -> tuple[str, int, int]:
@@ -227,6 +241,8 @@ def build_matrix(runs: list[tuple[str, dict]], columns: list[str] | None = None)
         counted = set()
         for f in rows:
             mine = [c for c in own if f["key"] in (c.get("features") or ())]
+            mine += [declined_part(c, f["key"]) for c in own
+                     if f["key"] not in (c.get("features") or ()) and declined_part(c, f["key"])]
             counted.update(c["nodeid"] for c in mine)
             cells[f["key"]][name] = _tally(mine, args, f["key"])
         info[name] = {**_run_info(report), "cases": len(own), "counted": len(counted)}

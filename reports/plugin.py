@@ -394,6 +394,7 @@ class ReportWriter:
         item: dict = {}
         expected: list = []
         features: list = []
+        declined_features: list = []  # features asked for, turned away, the rest run
         declared: set = set()  # the test's own (its feature markers), which a case keeps
         skip: dict | None = None
         reproducer = None  # a command that shows the failure on its own, where the test noted one
@@ -422,6 +423,10 @@ class ReportWriter:
                 if payload.get("replace"):  # the recorded ones before it were another case's
                     features = [k for k in features if k in declared]
                 features += [k for k in payload.get("keys") or [] if k not in features]
+                if payload.get("replace"):
+                    declined_features = []
+                declined_features += [d for d in payload.get("declined") or []
+                                      if isinstance(d, dict) and d not in declined_features]
             elif kind == "reproducer":
                 reproducer = payload.get("command")
             elif kind == "skip":
@@ -452,6 +457,7 @@ class ReportWriter:
                 "keywords": item.get("keywords"),
                 "expected": expected,
                 "features": sorted(features),
+                "declined_features": declined_features,
                 "skip": skip,
                 "reproducer": reproducer,
                 "outcome": t["outcome"] or "error",

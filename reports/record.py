@@ -68,11 +68,16 @@ def tensor(name: str, max_abs_err: float, bound: float, ratio: float, **extra: A
     )
 
 
-def features(*keys: str, replace: bool = False) -> None:
+def features(*keys: str, replace: bool = False, declined: dict | None = None) -> None:
     """The features the running case exercises (the suites' catalogue keys; the report's
     ``features``, with those its test declares); ``replace``: instead of those recorded by
-    earlier calls (the case that ran was another than the one first recorded)."""
-    _append("features", {"keys": [str(k) for k in keys], "replace": bool(replace)})
+    earlier calls (the case that ran was another than the one first recorded); ``declined``:
+    {feature: reason} of features the case asked for that the implementation turned away while
+    the rest of the case ran without them (the report's ``declined_features``)."""
+    payload = {"keys": [str(k) for k in keys], "replace": bool(replace)}
+    if declined:
+        payload["declined"] = [{"feature": str(k), "text": str(v)} for k, v in declined.items()]
+    _append("features", payload)
 
 
 def skip(kind: str, reasons: list[dict]) -> None:

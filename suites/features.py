@@ -140,15 +140,28 @@ def case_features(case, identity_v: bool = False) -> list[str]:
     return found
 
 
-def record_features(*keys: str, replace: bool = False) -> None:
+def record_features(*keys: str, replace: bool = False, declined: dict | None = None) -> None:
     """Record features of the running case (each a key of FEATURES); ``replace``: instead of
-    those recorded so far (a substituted case's)."""
-    unknown = [k for k in keys if k not in BY_KEY]
+    those recorded so far (a substituted case's); ``declined``: {feature: reason} of those the
+    case asked for that the adapter turned away, the rest of the case run without them."""
+    unknown = [k for k in (*keys, *(declined or {})) if k not in BY_KEY]
     if unknown:
         raise ValueError(f"unknown feature(s) {unknown}; known: {sorted(BY_KEY)}")
-    record.features(*keys, replace=replace)
+    record.features(*keys, replace=replace, declined=declined)
 
 
 def record_case_features(case, identity_v: bool = False, replace: bool = False) -> None:
     """Record the features of an attention call whose values the test judges."""
     record_features(*case_features(case, identity_v), replace=replace)
+
+
+def record_substitute(asked, ran, reasons, identity_v: bool = False) -> None:
+    """The case that ran (``ran``) in place of the one asked (``asked``), the adapter having
+    declined part of it: the features of the call that ran, and each feature of the asked call
+    it lacks as declined, with the adapter's reasons about it (``reasons``: Reason objects; all
+    of them where none names the feature)."""
+    have = case_features(ran, identity_v)
+    lost = [k for k in case_features(asked, identity_v) if k not in have]
+    every = "; ".join(r.text for r in reasons) or "declined by the adapter"
+    declined = {k: "; ".join(r.text for r in reasons if r.feature == k) or every for k in lost}
+    record_features(*have, replace=True, declined=declined)

@@ -128,6 +128,23 @@ def test_cell_states():
     assert m["runs"]["torch.sdpa"]["cases"] == 10  # a..i: j and k are not its cases
 
 
+def test_a_feature_a_case_ran_without_counts_as_declined_in_its_row():
+    """test_broad's substitutes and max_logit left out: the case passed with what ran, and the
+    feature it asked for and the adapter turned away (declined_features) is not supported in
+    that row, with the adapter's reason; never a pass there."""
+    ran_without = case(N.format("a"), features=["sep"],
+                       declined_features=[{"feature": "win", "text": "takes no window_size"}])
+    m = mx.build_matrix([("r", report(["torch.sdpa"], [ran_without, case(N.format("b"),
+                                                                        features=["win"])]))])
+    cells = {row["key"]: row["cells"]["torch.sdpa"] for row in m["rows"]}
+    assert cells["sep"]["state"] == "pass" and cells["sep"]["passed"] == 1
+    win = cells["win"]
+    assert (win["state"], win["passed"], win["skipped"]) == ("partial", 1, 1)
+    assert win["reason"] == "takes no window_size"
+    small = mx.summarize_run(report(["torch.sdpa"], [ran_without]), "r")
+    assert small["cases"][0]["declined_features"] == ran_without["declined_features"]
+
+
 def test_skips_that_are_not_the_implementations_are_not_run():
     """A combination no implementation takes, a missing device or package: not run, with the
     reason; not "not supported", and no blemish on a conformant cell."""
@@ -402,7 +419,8 @@ def test_a_report_of_the_suites_records_what_the_matrix_reads(tmp_path):
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
          "--te-report", str(out), "--impl", "torch.sdpa", "-m", "not gpu", "-k",
          "invalid_arguments and mask or test_core and (bshd_bshd_bshd-fp32-causal-cpu or "
-         "thd_thd_thd-fp32-padding-cpu or bs3hd-fp32-causal-gqa2-cpu)",
+         "thd_thd_thd-fp32-padding-cpu or bs3hd-fp32-causal-gqa2-cpu) or test_broad and "
+         "sbhd_bshd_bshd-fp32-causal-alibi-off-by-one-cpu",
          str(ROOT / "suites" / "conformance" / "test_attention.py")],
         cwd=ROOT, check=False, capture_output=True, timeout=300,
     )  # fmt: skip
@@ -421,6 +439,12 @@ def test_a_report_of_the_suites_records_what_the_matrix_reads(tmp_path):
     assert {r["feature"] for r in thd["skip"]["reasons"]} >= {"layout_thd", "mask_padding"}
     gqa = cases["test_core[bs3hd-fp32-causal-gqa2-cpu-torch.sdpa]"]
     assert gqa["skip"]["kind"] == "inexpressible"
+    # test_broad's substitute: what ran counts in its rows, what was declined in its own
+    broad = cases["test_broad[sbhd_bshd_bshd-fp32-causal-alibi-off-by-one-cpu-torch.sdpa]"]
+    assert broad["outcome"] == "passed" and "layout_mixed" not in broad["features"]
+    declined = {d["feature"]: d["text"] for d in broad["declined_features"]}
+    assert {"layout_mixed", "alibi", "softmax_off-by-one"} <= set(declined), declined
+    assert "does not support layout 'sbhd_bshd_bshd'" in declined["layout_mixed"]
     invalid = [c for n, c in cases.items() if n.startswith("test_invalid_arguments")]
     assert invalid and all(c["features"] == ["argument_checks"] for c in invalid)
     assert all(c["skip"]["kind"] == "declined" for c in invalid)

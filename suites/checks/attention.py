@@ -57,8 +57,8 @@ def prepare_run(
     run, notes = found
     if notes:
         record.case(**run.fields(), **notes)
-        if values:
-            features.record_case_features(run, replace=True)
+        if values:  # what it declined of the asked case counts as not supported there
+            features.record_substitute(case, run, adapter.declines(case))
     device = ready(adapter, run, *needs)
     rng = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
     return run, device, make_inputs(run, device, rng)

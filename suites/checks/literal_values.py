@@ -381,6 +381,7 @@ def start_pin(adapter, case: AttnCase, table: str) -> torch.device:
         skips.skip("declined", adapter.declines(case))
     if found[1]:
         record.case(**found[1])  # not_judged: max_logit, where the adapter returns none
+        features.record_substitute(case, found[0], adapter.declines(case), identity_v=True)
     return ready(adapter, found[0])
 
 
