@@ -38,7 +38,12 @@ def skip(kind: str, reasons) -> NoReturn:
         raise ValueError(f"unknown skip kind {kind!r}; expected one of {KINDS}")
     found = [r if isinstance(r, Reason) else Reason(str(r)) for r in reasons if r]
     record.skip(kind, [{"text": r.text, "feature": r.feature} for r in found])
-    pytest.skip("; ".join(r.text for r in found) or kind)
+    text = "; ".join(r.text for r in found) or kind
+    try:  # pytest's -rs line names the test, not this helper (as a skipif mark's does)
+        error = pytest.skip.Exception(text, _use_item_location=True)
+    except TypeError:  # a pytest without the keyword (it is private): this helper's line
+        error = pytest.skip.Exception(text)
+    raise error
 
 
 def unless(kind: str, reasons) -> None:
