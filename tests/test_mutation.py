@@ -121,6 +121,16 @@ def test_first_failure_is_read_from_the_short_summary():
     collect = "==== short test summary info ====\nERROR suites/test_c.py - ImportError: x\n"
     assert mut.PytestRun(2, collect, 0.1).first_failure() == "suites/test_c.py"
     assert mut.PytestRun(0, "1 passed", 0.1).first_failure() is None
+    # a failure whose message quotes another pytest run (tests/test_expected.py runs one):
+    # its indented summary is not the run's
+    quoting = "\n".join([
+        "=========================== short test summary info ============================",
+        "FAILED tests/test_e.py::test_z - AssertionError: ==== test session starts ====",
+        "  ==== short test summary info ====",
+        "  FAILED test_cases.py::test_passes - [XPASS(strict)]",
+        "1 failed in 0.1s",
+    ])  # fmt: skip
+    assert mut.PytestRun(1, quoting, 0.1).first_failure() == "tests/test_e.py::test_z"
 
 
 # ----------------------------------------------------------------------------- a toy project

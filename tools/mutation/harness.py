@@ -128,11 +128,15 @@ class PytestRun:
 
 
 _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S.*?)(?: - .*)?$")
+# the summary's own header line, at the start of a line (a failure message quoting another
+# pytest run's output holds such a header too, indented)
+_SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$", re.M)
 
 
 def summary_ids(output: str, kinds: tuple[str, ...]) -> list[str]:
     """Test ids of the given outcome kinds from pytest's short test summary (-r)."""
-    start = output.rfind("short test summary info")
+    headers = list(_SUMMARY_HEADER.finditer(output))
+    start = headers[-1].start() if headers else -1
     ids = []
     for line in output[start if start >= 0 else 0 :].splitlines():
         m = _SUMMARY.match(line)
