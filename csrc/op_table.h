@@ -82,12 +82,14 @@ struct OpTable {
     return p.y;
   }
 
+  // mode: the backward's MaskMode (op_list.h): a causal mode reads only each row's kept prefix
+  // of dy and y and writes +0 past it; kNoMask, the whole row.
   static at::Tensor run_softmax_bwd(const char* op, const at::Tensor& dy, const at::Tensor& y,
-                                    double scale, int64_t dim) {
+                                    double scale, int mode, int64_t dim) {
     check_softmax_bwd(op, dy, y, dim, softmax_layout(dim));
     SoftmaxBwdPlan p{dy.contiguous(), y.contiguous(), at::empty(y.sizes(), y.options()), {}};
     p.g = row_geometry(p.y);
-    if (p.g.rows > 0) Backend::softmax_bwd(p, scale);
+    if (p.g.rows > 0) Backend::softmax_bwd(p, scale, mode);
     return p.dx;
   }
 
@@ -105,7 +107,7 @@ struct OpTable {
 
   template <class Op>
   static at::Tensor softmax_bwd(const at::Tensor& dy, const at::Tensor& y, double scale) {
-    return run_softmax_bwd(Op::name, dy, y, scale, Op::rank);
+    return run_softmax_bwd(Op::name, dy, y, scale, Op::mask_mode, Op::rank);
   }
 
   template <class Op>

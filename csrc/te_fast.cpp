@@ -83,25 +83,32 @@ void softmax_fwd_rows(const T* x, const bool* mask, int64_t mask_batch_stride, T
   });
 }
 
+// dx = scale * y * (dy - dot), dot = sum_j dy_j * y_j, over columns j < kept_prefix(mode, i):
+// under a causal mode the columns past a row's kept prefix are not read (dy and y there may hold
+// anything) and dx there is +0 (docs/SPEC.md §3); kNoMask keeps the whole row.
 template <typename T>
-void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t sk, double scale) {
+void softmax_bwd_rows(const T* dy, const T* y, T* dx, const RowGeometry& g, double scale,
+                      int mode) {
   constexpr bool kWide = std::is_same<T, float>::value;
+  const int64_t sk = g.sk;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(sk, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, g.rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
+      const int64_t limit = kept_prefix(mode, row % g.sq, g.sq, sk);
       const T* dyr = dy + row * sk;
       const T* yr = y + row * sk;
       double acc = 0.0;  // see kAccumulateNote; te_fast_rules::bwd_element for fp32's double
-      for (int64_t j = 0; j < sk; ++j) {
+      for (int64_t j = 0; j < limit; ++j) {
         acc += te_fast_rules::bwd_product<kWide>(static_cast<float>(dyr[j]),
                                                  static_cast<float>(yr[j]));
       }
       const auto dot = static_cast<te_fast_rules::BwdAcc<kWide>>(acc);
       T* dxr = dx + row * sk;
-      for (int64_t j = 0; j < sk; ++j) {
+      for (int64_t j = 0; j < limit; ++j) {
         dxr[j] = static_cast<T>(te_fast_rules::bwd_element<kWide>(
             static_cast<float>(dyr[j]), static_cast<float>(yr[j]), dot, scale));
       }
+      std::fill(dxr + limit, dxr + sk, static_cast<T>(0.f));
     }
   });
 }
@@ -117,10 +124,10 @@ struct CpuBackend {
     });
   }
 
-  static void softmax_bwd(const SoftmaxBwdPlan& p, double scale) {
+  static void softmax_bwd(const SoftmaxBwdPlan& p, double scale, int mode) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.y.scalar_type(), "softmax_bwd_cpu", [&] {
       softmax_bwd_rows<scalar_t>(p.dy.const_data_ptr<scalar_t>(), p.y.const_data_ptr<scalar_t>(),
-                                 p.dx.mutable_data_ptr<scalar_t>(), p.g.rows, p.g.sk, scale);
+                                 p.dx.mutable_data_ptr<scalar_t>(), p.g, scale, mode);
     });
   }
 

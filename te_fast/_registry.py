@@ -15,6 +15,9 @@ NO_MASK = "kNoMask"
 EXPLICIT_MASK = "kExplicitMask"  # bool mask [1|b, 1, sq, sk] after x, True = masked out
 TOP_LEFT_CAUSAL = "kTopLeftCausal"  # keep j <= i
 BOTTOM_RIGHT_CAUSAL = "kBottomRightCausal"  # keep j <= i + (sk - sq)
+# The modes whose kept columns follow from the shape: a backward in one of them reads only each
+# row's kept prefix.
+CAUSAL_MODES = (TOP_LEFT_CAUSAL, BOTTOM_RIGHT_CAUSAL)
 
 SOFTMAX_4D = "[b, h, sq, sk]"
 SOFTMAX_3D = "[attn_batches, sq, sk]"
@@ -29,7 +32,8 @@ class OpSpec:
     name: the op; kind: one of the kinds above; layout: the shape of its first tensor argument as
     messages write it (its rank is op_list.h's); backward: the te_fast op that its autograd formula
     calls; entry: its OpTable<Backend> entry point (csrc/op_table.h), whose schema is
-    TE_FAST_SCHEMA_<entry>; mask_mode: the MaskMode of a softmax forward, NO_MASK for the others.
+    TE_FAST_SCHEMA_<entry>; mask_mode: the MaskMode of a softmax op (a backward's is its
+    forward's causal mode, else NO_MASK), NO_MASK for the others.
     """
 
     name: str
@@ -55,17 +59,25 @@ class OpSpec:
         return self.mask_mode == EXPLICIT_MASK
 
     @property
+    def causal(self) -> bool:
+        """A causal mode: the kept columns of row i are a prefix that follows from (i, sq, sk)."""
+        return self.mask_mode in CAUSAL_MODES
+
+    @property
     def is_softmax(self) -> bool:
         return self.kind in (SOFTMAX_FWD, SOFTMAX_BWD)
 
 
 def _softmax(name: str, entry: str, mask_mode: str, layout: str) -> tuple[OpSpec, OpSpec]:
     """A softmax pair, as op_list.h's TE_FAST_SOFTMAX declares it: <name>_fwd (``entry``,
-    ``mask_mode``) and <name>_bwd (entry softmax_bwd), whose autograd both call <name>_bwd."""
+    ``mask_mode``) and <name>_bwd (entry softmax_bwd), whose autograd both call <name>_bwd.
+    The backward keeps a causal mode (it reads only each row's kept prefix of dy and y and
+    writes +0 past it, docs/SPEC.md §3); an explicit mask's backward takes no mask: NO_MASK."""
     bwd = f"{name}_bwd"
+    bwd_mode = mask_mode if mask_mode in CAUSAL_MODES else NO_MASK
     return (
         OpSpec(f"{name}_fwd", SOFTMAX_FWD, layout, bwd, entry, mask_mode),
-        OpSpec(bwd, SOFTMAX_BWD, layout, bwd, "softmax_bwd"),
+        OpSpec(bwd, SOFTMAX_BWD, layout, bwd, "softmax_bwd", bwd_mode),
     )
 
 

@@ -281,6 +281,17 @@ def _autograd_softmax_fwd(spec: reg.OpSpec):
     return backward, setup_context
 
 
+def _kept(spec: reg.OpSpec, y: torch.Tensor) -> torch.Tensor | None:
+    """The columns a causal backward reads, bool [sq, sk] (True = kept): j < kept_prefix(i) as
+    csrc/rules.h has it; None for a backward that reads whole rows."""
+    if not spec.causal:
+        return None
+    sq, sk = y.shape[-2], y.shape[-1]
+    i = torch.arange(sq, device=y.device).view(sq, 1)
+    j = torch.arange(sk, device=y.device).view(1, sk)
+    return j <= i + (sk - sq if spec.mask_mode == reg.BOTTOM_RIGHT_CAUSAL else 0)
+
+
 def _autograd_softmax_bwd(spec: reg.OpSpec):
     def setup_context(ctx, inputs, output):
         dy, y, scale = inputs
@@ -290,6 +301,9 @@ def _autograd_softmax_bwd(spec: reg.OpSpec):
     # dx = c * y * (dy - s), s = sum(dy * y). For an incoming gradient g of dx:
     #   d/d(dy) = c * y * (g - r), r = sum(g * y)        -> the same te_fast backward op
     #   d/d(y)  = c * (g * (dy - s) - dy * r)             -> fp32 composite (double backward only)
+    # A causal backward reads dy and y only in each row's kept prefix (SPEC §3): dx does not depend
+    # on them past it, so both derivatives are +0 there (the op itself gives that for d/d(dy); the
+    # composite takes the kept columns alone).
     def backward(ctx, g):
         dy, y = ctx.saved_tensors
         grad_dy = grad_y = None
@@ -297,9 +311,15 @@ def _autograd_softmax_bwd(spec: reg.OpSpec):
             grad_dy = _backward_op(spec)(g, y, ctx.scale)
         if ctx.needs_input_grad[1]:
             g32, dy32, y32 = g.float(), dy.float(), y.float()
+            kept = _kept(spec, y)
+            if kept is not None:
+                g32, dy32, y32 = (t.where(kept, 0.0) for t in (g32, dy32, y32))
             s = (dy32 * y32).sum(-1, keepdim=True)
             r = (g32 * y32).sum(-1, keepdim=True)
-            grad_y = (ctx.scale * (g32 * (dy32 - s) - dy32 * r)).to(y.dtype)
+            grad_y = ctx.scale * (g32 * (dy32 - s) - dy32 * r)
+            if kept is not None:
+                grad_y = grad_y.where(kept, 0.0)
+            grad_y = grad_y.to(y.dtype)
         return grad_dy, grad_y, None
 
     return backward, setup_context

@@ -1,4 +1,5 @@
-"""Reference versions of the six te_fast ops: plain PyTorch, differentiable, any compute dtype."""
+"""Reference versions of the te_fast ops (the softmax forwards and backwards, the two
+conversions): plain PyTorch, differentiable, any compute dtype."""
 
 from __future__ import annotations
 
@@ -51,6 +52,57 @@ def scaled_aligned_causal_masked_softmax(x, scale, compute_dtype=torch.float64):
     """Bottom-right causal (keep j <= i + sk - sq). x: [b, h, sq, sk]."""
     sq, sk = x.shape[-2], x.shape[-1]
     return _softmax(x, scale, _causal_mask(sq, sk, sk - sq, x.device), compute_dtype)
+
+
+# ----------------------------------------------------------------------------- softmax backwards
+# dx = scale * y * (dy - sum_j dy_j * y_j), the formula every softmax forward above has as its
+# derivative, called on a given (dy, y) as the te_fast backward ops are (docs/SPEC.md §3). The
+# causal ops' backwards take only each row's kept columns: past them dy and y are not read (they
+# may hold anything, NaN included) and dx is +0. The explicitly masked op's backward takes no
+# mask, so it reads whole rows (where its y is 0, dx is 0 but for a NaN or inf dy).
+
+
+def softmax_backward(dy, y, scale, kept=None, compute_dtype=torch.float64):
+    """scale * y * (dy - sum(dy * y)) over the last dim in compute_dtype, over the columns where
+    ``kept`` (bool, broadcast to y; None: every column) is True; +0 elsewhere, where dy and y are
+    not read."""
+    dy, y = dy.to(compute_dtype), y.to(compute_dtype)
+    if kept is None:
+        return scale * y * (dy - (dy * y).sum(-1, keepdim=True))
+    dy, y = dy.where(kept, 0.0), y.where(kept, 0.0)
+    dx = scale * y * (dy - (dy * y).sum(-1, keepdim=True))
+    return dx.where(kept, 0.0)
+
+
+def kept_columns(op: str, sq: int, sk: int, device=None) -> torch.Tensor | None:
+    """The columns that the backward of softmax ``op`` (a forward's name, e.g.
+    "scaled_upper_triang_masked_softmax") reads: bool [sq, sk], True = kept; None for whole
+    rows (the plain and explicitly masked softmax)."""
+    if op == "scaled_upper_triang_masked_softmax":
+        return ~_causal_mask(sq, sk, 0, device)
+    if op == "scaled_aligned_causal_masked_softmax":
+        return ~_causal_mask(sq, sk, sk - sq, device)
+    if op in ("scaled_softmax", "scaled_masked_softmax"):
+        return None
+    raise ValueError(f"te_ref: no softmax op {op!r}")
+
+
+def _backward_of(op: str):
+    def backward(dy, y, scale, compute_dtype=torch.float64):
+        kept = kept_columns(op, y.shape[-2], y.shape[-1], y.device)
+        return softmax_backward(dy, y, scale, kept, compute_dtype)
+
+    backward.__name__ = f"{op}_bwd"
+    backward.__doc__ = f"The backward of {op} on a given (dy, y): softmax_backward over the " + (
+        "kept columns (kept_columns)." if kept_columns(op, 1, 2) is not None else "whole rows."
+    )
+    return backward
+
+
+scaled_softmax_bwd = _backward_of("scaled_softmax")
+scaled_masked_softmax_bwd = _backward_of("scaled_masked_softmax")
+scaled_upper_triang_masked_softmax_bwd = _backward_of("scaled_upper_triang_masked_softmax")
+scaled_aligned_causal_masked_softmax_bwd = _backward_of("scaled_aligned_causal_masked_softmax")
 
 
 def check_cu_seqlens(cu_seqlens, batch_size, num_tokens, max_len, what="max_seqlen"):

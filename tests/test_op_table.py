@@ -127,15 +127,23 @@ BSHD_ROW = "X(convert_bshd_to_thd, bshd_to_thd, kNoMask, 4)"
 # id -> (a change to op_list.h's text, fragments the report must contain)
 HEADER_MUTATIONS = {
     "mask_mode": (
-        _replace_once("softmax_fwd, kTopLeftCausal, 3", "softmax_fwd, kBottomRightCausal, 3"),
+        _replace_once("softmax_fwd, kTopLeftCausal,", "softmax_fwd, kBottomRightCausal,"),
         [
             "scaled_upper_triang_masked_softmax_fwd: mask_mode is kBottomRightCausal in "
             "csrc/op_list.h but kTopLeftCausal"
         ],
     ),
+    "bwd_mask_mode": (  # a causal backward that would read whole rows again
+        _replace_once("kTopLeftCausal, 3)", "kNoMask, 3)"),
+        [
+            "scaled_upper_triang_masked_softmax_bwd: mask_mode is kNoMask in csrc/op_list.h but "
+            "kTopLeftCausal"
+        ],
+    ),
     "rank": (
         _replace_once(
-            "scaled_softmax, softmax_fwd, kNoMask, 4", "scaled_softmax, softmax_fwd, kNoMask, 3"
+            "scaled_softmax, softmax_fwd, kNoMask, kNoMask, 4",
+            "scaled_softmax, softmax_fwd, kNoMask, kNoMask, 3",
         ),
         ["scaled_softmax_fwd: rank is 3 in csrc/op_list.h but 4", "scaled_softmax_bwd: rank is 3"],
     ),

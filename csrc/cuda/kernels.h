@@ -33,8 +33,13 @@ struct SoftmaxBwdArgs {
   const void* y;
   void* dx;
   int64_t rows;
+  int64_t sq;
   int64_t sk;
   double scale;  // the op's own: fp32 data use it as is, fp16/bf16 its fp32 rounding
+  int mode;  // te_fast_rules::MaskMode: a causal mode reads dy and y only where kept, writes +0
+             // past a row's kept prefix; kNoMask, the whole row
+  // Set by the launcher (not the caller), causal modes only: row / sq.
+  Divisor by_sq;
 };
 
 // Byte-level token-row copies between [t, h, d] and [b, s, h, d]; any element size.

@@ -71,10 +71,16 @@ struct CudaBackend {
                                          c10::cuda::getCurrentCUDAStream()));
   }
 
-  static void softmax_bwd(const SoftmaxBwdPlan& p, double scale) {
+  static void softmax_bwd(const SoftmaxBwdPlan& p, double scale, int mode) {
     const c10::cuda::CUDAGuard guard(p.y.device());
-    const k::SoftmaxBwdArgs a{p.dy.const_data_ptr(), p.y.const_data_ptr(), p.dx.mutable_data_ptr(),
-                              p.g.rows, p.g.sk, scale};
+    const k::SoftmaxBwdArgs a{p.dy.const_data_ptr(),
+                              p.y.const_data_ptr(),
+                              p.dx.mutable_data_ptr(),
+                              p.g.rows,
+                              p.g.sq,
+                              p.g.sk,
+                              scale,
+                              mode};
     C10_CUDA_CHECK(k::launch_softmax_bwd(kernel_dtype(p.y.scalar_type()), a,
                                          c10::cuda::getCurrentCUDAStream()));
   }

@@ -74,7 +74,8 @@ def check_batch_invariance(
     """One batch element (the probe) computed: as a batch of one; placed at the first, second,
     middle and last positions of a small (3) and a large batch (among random elements); as a
     slice of the large batch; each of its rows alone where the op has no row position (the plain
-    and explicitly masked forwards, every backward). Forward and backward: identical bytes.
+    and explicitly masked ones, forward and backward: a causal op's row i keeps a prefix that
+    depends on i, in its backward too, SPEC §3). Forward and backward: identical bytes.
     mask_kind: "batch" (a mask per batch element) or "bcast" (one [1, 1, sq, sk] mask)."""
     dev = torch.device(device)
     dtype = OP_DTYPES[dtype_name]
@@ -127,11 +128,12 @@ def check_batch_invariance(
     for hi, i in rows:
         sel = (0, hi, i) if spec.rank == 4 else (0, i)
         alone_shape = (1, 1, 1, sk) if spec.rank == 4 else (1, 1, sk)
-        if op in ("scaled_softmax", "scaled_masked_softmax"):
-            xr = probe_x[sel].reshape(alone_shape).clone()
-            mr = probe_mask[0, 0, i].reshape(1, 1, 1, sk).clone()
-            yr = impl(fwd, *_forward_args(op, xr, mr))
-            assert_bitwise_equal(f"{where}: row {sel} alone", yr.reshape(sk), y1[sel])
+        if op not in ("scaled_softmax", "scaled_masked_softmax"):
+            continue  # a row position: the row alone would be row 0 of its own
+        xr = probe_x[sel].reshape(alone_shape).clone()
+        mr = probe_mask[0, 0, i].reshape(1, 1, 1, sk).clone()
+        yr = impl(fwd, *_forward_args(op, xr, mr))
+        assert_bitwise_equal(f"{where}: row {sel} alone", yr.reshape(sk), y1[sel])
         dyr = probe_dy[sel].reshape(alone_shape).clone()
         yr1 = y1[sel].reshape(alone_shape).clone()
         dxr = impl(bwd, dyr, yr1, SCALE)

@@ -315,18 +315,22 @@ def _softmax_draw(ex: SoftmaxExample, dev, impl: OpImpl, checked: bool = False) 
     if torch.equal(y_vals, y) and torch.equal(dy_vals, dy):
         compared.append(("dx", dx, refs[torch.float64][1], refs[dtype][1], K_BACKWARD))
     else:  # expanded dy/y hold other values than the forward's: the formula on them
-        ref64, lp = softmax_bwd_refs(dy_vals, y_vals, ex.scale, dtype)
+        kept = te_ref.kept_columns(ex.op, y.shape[-2], y.shape[-1], dev)
+        ref64, lp = softmax_bwd_refs(dy_vals, y_vals, ex.scale, dtype, kept)
         compared.append(("dx", dx, ref64, lp, K_BACKWARD))
     return compared
 
 
-def softmax_bwd_refs(dy, y, scale, dtype):
-    """scale * y * (dy - sum(dy * y)) from the given dy and y: in float64, and as the
-    same-precision composite (torch's softmax backward in dtype, then the scale)."""
-    dy64, y64 = dy.double(), y.double()
-    ref64 = scale * y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))
+def softmax_bwd_refs(dy, y, scale, dtype, kept=None):
+    """scale * y * (dy - sum(dy * y)) from the given dy and y: in float64 (te_ref's
+    softmax_backward), and as the same-precision composite (torch's softmax backward in dtype,
+    then the scale). kept (bool, True = kept; te_ref.kept_columns): a causal backward's columns,
+    the only ones read (SPEC §3); dx is +0 past them."""
+    ref64 = te_ref.softmax_backward(dy, y, scale, kept)
+    if kept is not None:
+        dy, y = dy.where(kept, 0.0), y.where(kept, 0.0)
     lp = torch._softmax_backward_data(dy.contiguous(), y.contiguous(), -1, dtype) * scale
-    return ref64, lp
+    return ref64, lp if kept is None else lp.where(kept, 0.0)
 
 
 # ----------------------------------------------------------------------------- conversions

@@ -157,6 +157,47 @@ def test_softmax_op_double_backward(name, dtype_name, scale, route, device_name)
     judge(impl, ref64, ref_lp, comp64, dtype)
 
 
+CAUSAL_OPS = [name for name in SOFTMAX_OPS if te_ref.kept_columns(name, 1, 2) is not None]
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("dtype_name", ("fp32", "bf16"))
+@pytest.mark.parametrize("name", CAUSAL_OPS)
+def test_causal_backward_op_second_order_stays_in_the_kept_prefix(name, dtype_name, device_name):
+    """The causal backward op differentiated itself (dx = <name>_bwd(dy, y, scale), then the
+    gradients of sum(dx * g) with respect to dy and y): dx does not depend on dy and y past each
+    row's kept prefix (SPEC §3), so both gradients are 0 there, and on the kept columns they
+    match te_ref's backward differentiated by autograd (SPEC §6). y is a forward's output and dy
+    random, so a composite that took whole rows gives nonzero d/dy past the prefix."""
+    record.case(impl="te_fast", layout=f"op:{name}_bwd", dtype=dtype_name,
+                mask_type="double_backward", device=device_name)  # fmt: skip
+    device = devices.require(device_name)
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(36)
+    op = SOFTMAX_OPS[name]
+    shape = (6, 5, 7) if op.rank == 3 else (2, 3, 5, 7)
+    x = (torch.randn(shape, generator=gen) * 2).to(device=device, dtype=dtype)
+    y = op.fast(x, SCALE)
+    dy = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    bwd = getattr(te_fast.ops, f"{name}_bwd")
+    ref_bwd = getattr(te_ref, f"{name}_bwd")
+
+    def grads(fn, compute=None):
+        leaves = [t.detach().to(compute or t.dtype).requires_grad_() for t in (dy, y)]
+        dx = fn(*leaves)
+        return torch.autograd.grad((dx * g.to(device=device, dtype=dx.dtype)).sum(), leaves)
+
+    impl = grads(lambda d, p: bwd(d, p, SCALE))
+    ref64 = grads(lambda d, p: ref_bwd(d, p, SCALE), torch.float64)
+    ref_lp = grads(lambda d, p: ref_bwd(d, p, SCALE, compute_dtype=dtype))
+    kept = te_ref.kept_columns(name, shape[-2], shape[-1], device)
+    for leaf, a, r, lp in zip(("d2dy", "d2y"), impl, ref64, ref_lp):
+        past = a.masked_select(~kept)
+        assert torch.equal(past, torch.zeros_like(past)), f"{leaf} past the kept prefix: {past}"
+        check_ratio(leaf, a, r, lp, K_BACKWARD, dtype)
+
+
 # ----------------------------------------------------------------------------- the module
 
 

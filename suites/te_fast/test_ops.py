@@ -9,6 +9,7 @@ import te_ref
 from te_conformance.reports import record
 from te_conformance.suites import devices
 from te_conformance.suites.checks.numerics import K_BACKWARD, K_FORWARD, check_exact, check_ratio
+from te_conformance.suites.fuzz.checks import softmax_bwd_refs
 from te_conformance.suites.op_cases import (
     BAD_CU_SEQLENS,
     CONVERT_DTYPES,
@@ -24,6 +25,7 @@ from te_conformance.suites.op_cases import (
     range_end_scores,
     softmax_inputs,
 )
+from te_fast import _registry
 from te_fast import ops as fast
 
 
@@ -273,6 +275,55 @@ def test_softmax_misaligned_views(dtype_name, device_name, sk):
     yr.backward(dy)
     check_ratio("y", y, y64, yr, K_FORWARD)
     check_ratio("dx", dx, dx64, xr.grad, K_BACKWARD)
+
+
+# The causal ops (their backward reads each row's kept prefix alone, SPEC §3), one row length per
+# CUDA backward path (ROW_LENGTHS), and a few misaligned views (one-element accesses).
+CAUSAL_OPS = tuple(
+    spec.public for spec in _registry.OPS if spec.kind == _registry.SOFTMAX_FWD and spec.causal
+)
+KEPT_PREFIX_CASES = [(sk, "aligned") for sk in ROW_LENGTHS] + [
+    (sk, "misaligned") for sk in (40, 1000, 4096)
+]
+
+
+def _poisoned(t: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """t with NaN and +inf (alternate columns) wherever ``kept`` is False."""
+    odd = torch.arange(t.shape[-1], device=t.device) % 2 == 1
+    return t.masked_fill(~kept & ~odd, float("nan")).masked_fill(~kept & odd, float("inf"))
+
+
+@pytest.mark.parametrize("case", KEPT_PREFIX_CASES, ids=lambda c: f"sk{c[0]}-{c[1]}")
+@pytest.mark.parametrize("device_name", devices.device_params())
+@pytest.mark.parametrize("dtype_name", SOFTMAX_DTYPES)
+@pytest.mark.parametrize("op_name", CAUSAL_OPS)
+def test_causal_backward_reads_only_kept_columns(op_name, dtype_name, device_name, case):
+    """SPEC §3: a causal op's backward reads dy and y only in each row's kept prefix and writes
+    dx = +0 past it. dy and y there hold NaN and inf: dx must still match te_ref's backward of
+    the clean (dy, y) (SPEC §6) and be +0, bit for bit, past the prefix. sq = 5 rows: the
+    upper-triangular op keeps 1..5 leading columns of each (long rows are mostly wholly masked
+    chunks), the bottom-right one all but the last 4..0 (rows of sk < 5 columns are partly
+    fully masked); a kernel that reads whole rows gives NaN rows."""
+    sk, layout = case
+    _record(op_name, dtype_name, device_name, "kept_prefix")
+    device = devices.require(device_name)
+    dtype = OP_DTYPES[dtype_name]
+    op = SOFTMAX_OPS[op_name]
+    shape = (3, 5, sk) if op.rank == 3 else (1, 3, 5, sk)
+    record.case(shapes={"x": list(shape)})
+    x = random_data(shape, dtype, device, 2.0)
+    dy = random_data(shape, dtype, device)
+    y = op.fast(x, SCALE)
+    kept = te_ref.kept_columns(op_name, 5, sk, device)
+    copy = _misaligned_copy if layout == "misaligned" else torch.clone
+    dx = getattr(fast, f"{op_name}_bwd")(copy(_poisoned(dy, kept)), copy(_poisoned(y, kept)), SCALE)
+
+    ref64, lp = softmax_bwd_refs(dy, y, SCALE, dtype, kept)
+    check_ratio("dx", dx, ref64, lp, K_BACKWARD)
+    past = dx.masked_select(~kept)
+    assert torch.equal(past, torch.zeros_like(past)) and not past.signbit().any(), (
+        f"dx past the kept prefix: {past.unique()[:8].tolist()} (want +0 everywhere)"
+    )
 
 
 # ----------------------------------------------------------------------------- conversions

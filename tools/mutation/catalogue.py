@@ -448,6 +448,13 @@ _CPP = [
         (OPS,), k="test_softmax",
     ),
     Defect(
+        "cpu_causal_backward_reads_whole_rows", "cpu", "csrc/te_fast.cpp",
+        "      const int64_t limit = kept_prefix(mode, row % g.sq, g.sq, sk);",
+        "      const int64_t limit = sk;",
+        "CPU causal softmax backward reads dy and y past each row's kept prefix (SPEC §3)",
+        (OPS,), k="kept_columns",
+    ),
+    Defect(
         "cpu_row_offset_32bit", "cpu", "csrc/te_fast.cpp",
         "      const T* xr = x + row * g.sk;",
         "      const T* xr = x + static_cast<int32_t>(row * g.sk);",
@@ -577,6 +584,13 @@ _CUDA = [
         "    U* out = c.dst + static_cast<int32_t>(row * units);",
         "CUDA thd -> bshd computes the output offset in 32 bits (wraps past 2^31 units)",
         ("suites/te_fast/test_large.py",), k="conversions and fp8", marker="gpu and large",
+    ),
+    Defect(
+        "cuda_causal_backward_straddle_unmasked", "cuda", "csrc/cuda/softmax/rows.cuh",
+        "        if (kept < V) {\n          g[k] = g[k].first(kept);",
+        "        if (kept <= 0) {\n          g[k] = g[k].first(kept);",
+        "CUDA causal backward reads the lanes past the kept prefix of a straddling chunk",
+        (OPS,), k="kept_columns",
     ),
     Defect(
         "cuda_fully_masked_rows_nan", "cuda", "csrc/cuda/softmax/rows.cuh",

@@ -89,11 +89,41 @@ struct Chunk {
 #pragma unroll
     for (int k = 0; k < V; ++k) out[k] = to_float(e[k]);
   }
-  __device__ __forceinline__ static void store(T* p, const float* in) {
+  __device__ __forceinline__ static void store_zero(T* p) { *reinterpret_cast<R*>(p) = R{}; }
+  __device__ __forceinline__ static void store(T* p, const float* in) { pack(in).put(p); }
+  __device__ __forceinline__ void put(T* p) const { *reinterpret_cast<R*>(p) = raw; }
+  __device__ __forceinline__ static Chunk pack(const float* in) {
     alignas(16) T e[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) e[k] = from_float<T>(in[k]);
-    *reinterpret_cast<R*>(p) = *reinterpret_cast<const R*>(e);
+    Chunk out;
+    out.raw = *reinterpret_cast<const R*>(e);
+    return out;
+  }
+
+  // This chunk with its elements e >= n set to +0 (n <= 0: all of them; n >= V: none), on the
+  // raw words: a few integer ANDs, with no element unpacked (a row's chunk that straddles its
+  // causal limit, in the backward).
+  __device__ __forceinline__ Chunk first(int n) const {
+    Chunk out = *this;
+    if constexpr (sizeof(R) >= 4) {
+      constexpr int kWords = static_cast<int>(sizeof(R)) / 4;
+      constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+      constexpr uint32_t kLane = sizeof(T) == 4 ? 0xffffffffu : (1u << (8 * sizeof(T))) - 1u;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&out.raw);
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int l = 0; l < kPerWord; ++l) {
+          m |= i * kPerWord + l < n ? kLane << (8 * sizeof(T) * l % 32) : 0u;
+        }
+        w[i] &= m;
+      }
+    } else {
+      if (n <= 0) out.raw = R{};
+    }
+    return out;
   }
 };
 
@@ -123,6 +153,26 @@ __device__ __forceinline__ RowPos row_pos(const SoftmaxFwdArgs& a, int64_t row, 
   }
   if (!masked) return {i, nullptr};
   return {i, a.mask + batch * a.mask_batch_stride + i * a.sk};
+}
+
+// Columns j < bwd_limit(a, row) of a backward row are read and computed: the row's kept prefix
+// under a causal mode (kCausal, which the host sets for those alone), the whole row otherwise.
+// Row `row` < a.rows.
+template <bool kCausal>
+__device__ __forceinline__ int64_t bwd_limit(const SoftmaxBwdArgs& a, int64_t row) {
+  if constexpr (!kCausal) {
+    return a.sk;
+  } else {
+    int64_t i;
+    if (a.rows <= kMaxDivisor32) {
+      const uint32_t r = static_cast<uint32_t>(row);
+      i = r - divide(r, a.by_sq) * static_cast<uint32_t>(a.sq);
+    } else {
+      const uint64_t r = static_cast<uint64_t>(row);
+      i = static_cast<int64_t>(r - divide(r, a.by_sq) * static_cast<uint64_t>(a.sq));
+    }
+    return kept_prefix(a.mode, i, a.sq, a.sk);
+  }
 }
 
 // Columns j < row_limit may be kept: kept_prefix's causal cut, the whole row under an explicit

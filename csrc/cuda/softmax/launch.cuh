@@ -148,7 +148,8 @@ cudaError_t launch_rows(int rows_per_cta, int threads, int cluster, const Args& 
   return cudaLaunchKernelEx(&config, kernel, a);
 }
 
-// Forward and backward share the dispatch: Kernel<T, V, K, G, C, kMask>::get() names the kernel.
+// Forward and backward share the dispatch: Kernel<T, V, K, G, C, kMask>::get() names the kernel
+// (the backward's flag is kCausal).
 template <typename T, int V, int K, int G, int C, bool kMask>
 struct FwdKernel {
   static auto get() { return softmax_fwd_rows<T, V, K, G, C, kMask, 1024>; }
@@ -169,9 +170,9 @@ struct FwdLong {
   static auto get() { return softmax_fwd_long<T, K, G, C, kMask>; }
   static size_t smem() { return LongShape<T, K, G, C>::kBytes; }
 };
-template <typename T, int V, int K, int G, int C, bool kMask>
+template <typename T, int V, int K, int G, int C, bool kCausal>
 struct BwdKernel {
-  static auto get() { return softmax_bwd_rows<T, V, K, G, C, kMask>; }
+  static auto get() { return softmax_bwd_rows<T, V, K, G, C, kCausal>; }
   static size_t smem() { return 0; }
 };
 
@@ -355,28 +356,39 @@ cudaError_t softmax_fwd_typed(const SoftmaxFwdArgs& args, cudaStream_t stream) {
 
 // fp32 rows of 32K..64K columns: one more cluster shape, four chunks of dy and y a thread (the
 // two-pass kernel reads every row twice).
-template <typename T>
+template <typename T, bool kCausal>
 bool launch_long_fp32_bwd(const SoftmaxBwdArgs& a, cudaStream_t stream, cudaError_t& err) {
   if constexpr (kWide<T>) {
     return clusters_supported() &&
-           try_shape<BwdKernel, T, kVec<T>, 4, 512, 8, false>(a, stream, err);
+           try_shape<BwdKernel, T, kVec<T>, 4, 512, 8, kCausal>(a, stream, err);
   } else {
     return false;
   }
 }
 
-template <typename T>
-cudaError_t softmax_bwd_typed(const SoftmaxBwdArgs& a, cudaStream_t stream) {
+// kCausal: the causal modes, whose kernels read and compute only each row's kept prefix (BwdRow).
+template <typename T, bool kCausal>
+cudaError_t softmax_bwd_rows_of(const SoftmaxBwdArgs& a, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   if (chunks_fit<T>(a, kVec<T>)) {
-    if (launch_registers<BwdKernel, T, kVec<T>, 2, false>(a, stream, err) ||
-        launch_long_fp32_bwd<T>(a, stream, err)) {
+    if (launch_registers<BwdKernel, T, kVec<T>, 2, kCausal>(a, stream, err) ||
+        launch_long_fp32_bwd<T, kCausal>(a, stream, err)) {
       return err;
     }
-    return launch_block(softmax_bwd_block<T, kVec<T>>, a, stream);
+    return launch_block(softmax_bwd_block<T, kVec<T>, kCausal>, a, stream);
   }
-  if (launch_registers<BwdKernel, T, 1, 8, false>(a, stream, err)) return err;
-  return launch_block(softmax_bwd_block<T, 1>, a, stream);
+  if (launch_registers<BwdKernel, T, 1, 8, kCausal>(a, stream, err)) return err;
+  return launch_block(softmax_bwd_block<T, 1, kCausal>, a, stream);
+}
+
+template <typename T>
+cudaError_t softmax_bwd_typed(const SoftmaxBwdArgs& args, cudaStream_t stream) {
+  if (args.mode == te_fast_rules::kTopLeftCausal || args.mode == te_fast_rules::kBottomRightCausal) {
+    SoftmaxBwdArgs a = args;
+    a.by_sq = make_divisor(a.sq);
+    return softmax_bwd_rows_of<T, true>(a, stream);
+  }
+  return softmax_bwd_rows_of<T, false>(args, stream);
 }
 
 }  // namespace softmax_detail

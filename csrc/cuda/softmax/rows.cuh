@@ -298,22 +298,29 @@ constexpr int kBwdMinCtasPerSm =
 template <typename T, int V, int K, int G, int C>
 constexpr bool kBwdExchange = C >= 8 && !(kWide<T> && kBwdMinCtasPerSm<T, V, K, G, C> > 1);
 
-// One thread's share of one backward row.
-template <typename T, int V, int K, int G, int C>
+// One thread's share of one backward row. kCausal (the causal modes): only the row's kept prefix
+// of dy and y is loaded (columns j < limit); a chunk that straddles the limit has its elements
+// past it set to +0 on its raw words (Chunk::first) before they enter the dot (dx there then is
+// +0 but for its sign, which x + 0 makes +),
+// and chunks wholly past it are written as 16-byte zero stores (docs/SPEC.md §3: dy and y there
+// are not read, dx there is +0). A chunk past sk is never loaded or written.
+template <typename T, int V, int K, int G, int C, bool kCausal>
 struct BwdRow {
   using S = Shape<V, K, G, C>;
   Chunk<T, V> g[K];  // dy
   Chunk<T, V> p[K];  // y
   int64_t row;
+  int limit;  // kCausal: columns j < limit are read (0 for a row past the end)
 
   __device__ __forceinline__ void fetch(const SoftmaxBwdArgs& a, int64_t r) {
     row = r;
     const bool live = r < a.rows;
+    if constexpr (kCausal) limit = live ? static_cast<int>(bwd_limit<true>(a, r)) : 0;
     const int64_t offset = (live ? r : 0) * a.sk;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int j0 = S::col(k);
-      if (live && j0 < a.sk) {
+      if (kCausal ? j0 < limit : live && j0 < a.sk) {
         g[k].load(static_cast<const T*>(a.dy) + offset + j0);
         p[k].load(static_cast<const T*>(a.y) + offset + j0);
       } else {
@@ -326,7 +333,17 @@ struct BwdRow {
   // n: the rows this CTA has done before this one (the exchange's turn).
   template <typename SumSlots>
   __device__ __forceinline__ void process(const SoftmaxBwdArgs& a, SumSlots& sum_slots,
-                                          Exchange<C>& xchg, int64_t n) const {
+                                          Exchange<C>& xchg, int64_t n) {
+    if constexpr (kCausal) {  // a straddling chunk's elements past the limit: +0, in place
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int kept = limit - S::col(k);
+        if (kept < V) {
+          g[k] = g[k].first(kept);
+          p[k] = p[k].first(kept);
+        }
+      }
+    }
     Acc<T> part = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -350,6 +367,10 @@ struct BwdRow {
     for (int k = 0; k < K; ++k) {
       const int j0 = S::col(k);
       if (j0 >= a.sk) continue;
+      if (kCausal && j0 >= limit) {  // wholly past the kept prefix: a 16-byte (V-element) fill
+        Chunk<T, V>::store_zero(dx + j0);
+        continue;
+      }
       float gf[V];
       float pf[V];
       g[k].unpack(gf);
@@ -357,6 +378,9 @@ struct BwdRow {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         gf[e] = te_fast_rules::bwd_element<kWide<T>>(gf[e], pf[e], dot, a.scale);
+        // Past the kept prefix dy and y are +0 here, and so is dx but for its sign: x + 0
+        // turns -0 into +0 and leaves every other value as it is.
+        if constexpr (kCausal) gf[e] += 0.f;
       }
       Chunk<T, V>::store(dx + j0, gf);
     }
@@ -413,7 +437,8 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads,
 // a slot that another one still reads for the previous row. Clusters of 8 add the CTAs' sums
 // through one Exchange per row (as softmax_fwd_long does; kBwdExchange), the others through
 // row_reduce's cluster-wide barrier.
-template <typename T, int V, int K, int G, int C, bool kUnused>
+// kCausal: the causal modes (BwdRow).
+template <typename T, int V, int K, int G, int C, bool kCausal>
 __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, kBwdMinCtasPerSm<T, V, K, G, C>)
     softmax_bwd_rows(SoftmaxBwdArgs a) {
   using S = Shape<V, K, G, C>;
@@ -422,8 +447,8 @@ __global__ void __launch_bounds__(Shape<V, K, G, C>::kThreads, kBwdMinCtasPerSm<
   constexpr bool kExchange = kBwdExchange<T, V, K, G, C>;
   if constexpr (kExchange) xchg.open();
   int64_t n = 0;  // rows done by this CTA
-  pipelined_rows<S::kRowsPerCta, C, G, BwdRow<T, V, K, G, C>>(
-      a, [&](const BwdRow<T, V, K, G, C>& r) {
+  pipelined_rows<S::kRowsPerCta, C, G, BwdRow<T, V, K, G, C, kCausal>>(
+      a, [&](BwdRow<T, V, K, G, C, kCausal>& r) {
         r.process(a, sum_slots[n & 1], xchg, n);
         ++n;
       });

@@ -151,23 +151,31 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_fwd_block(SoftmaxFwdArg
   }
 }
 
-template <typename T, int V>
+// kCausal (the causal modes): both passes stop at the row's kept prefix (a straddling chunk's
+// lanes past it zeroed before the dot), and the write pass stores +0 past it (BwdRow says more).
+template <typename T, int V, bool kCausal>
 __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArgs a) {
   __shared__ Slots<Acc<T>, kBlockThreads / kWarp> slots;
   const int64_t step = static_cast<int64_t>(blockDim.x) * V;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const int64_t limit = bwd_limit<kCausal>(a, row);
     const T* dy = static_cast<const T*>(a.dy) + row * a.sk;
     const T* y = static_cast<const T*>(a.y) + row * a.sk;
-    auto load_pair = [&](int64_t j0, float* g, float* p) {  // dy and y at columns j0 ..
+    auto load_pair = [&](int64_t j0, float* g, float* p) {  // dy and y at columns j0 .. (kept)
       Chunk<T, V> cg;
       Chunk<T, V> cp;
       cg.load(dy + j0);
       cp.load(y + j0);
+      if (kCausal) {
+        const int kept = static_cast<int>(limit - j0 < V ? limit - j0 : V);
+        cg = cg.first(kept);
+        cp = cp.first(kept);
+      }
       cg.unpack(g);
       cp.unpack(p);
     };
     Acc<T> part = 0;
-    for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
+    for (int64_t j0 = threadIdx.x * V; j0 < limit; j0 += step) {
       float g[V];
       float p[V];
       load_pair(j0, g, p);
@@ -178,6 +186,10 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArg
     __syncthreads();  // the slots are reused by the next row
     T* dx = static_cast<T*>(a.dx) + row * a.sk;
     for (int64_t j0 = threadIdx.x * V; j0 < a.sk; j0 += step) {
+      if (kCausal && j0 >= limit) {  // wholly past the kept prefix: a fill
+        Chunk<T, V>::store_zero(dx + j0);
+        continue;
+      }
       float g[V];
       float p[V];
       load_pair(j0, g, p);
@@ -185,7 +197,11 @@ __global__ void __launch_bounds__(kBlockThreads) softmax_bwd_block(SoftmaxBwdArg
       for (int e = 0; e < V; ++e) {
         g[e] = te_fast_rules::bwd_element<kWide<T>>(g[e], p[e], dot, a.scale);
       }
-      Chunk<T, V>::store(dx + j0, g);
+      if (kCausal) {  // +0 past the kept prefix
+        Chunk<T, V>::pack(g).first(static_cast<int>(limit - j0 < V ? limit - j0 : V)).put(dx + j0);
+      } else {
+        Chunk<T, V>::store(dx + j0, g);
+      }
     }
   }
 }
