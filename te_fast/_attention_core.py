@@ -174,13 +174,23 @@ def _core_forward(q, k, v, mask, softmax, scale, axis, bounds, keep_probs):
     return o, probs
 
 
-# dS = scaled_softmax_bwd(dP, P, scale): every te_fast softmax forward has that backward formula
-_SOFTMAX_BWD = None if UNAVAILABLE_REASON is not None else _op("scaled_softmax_bwd")
+def scores_softmax_backward(kind: str, dp, p, scale: float):
+    """dS from dP and P (b, h, sq, skv) for the te_fast softmax ``kind``: every kind has the
+    backward formula of scaled_softmax_bwd, and the causal kinds' own backward ops compute it
+    over each row's kept prefix alone, where P is nonzero (SPEC §3): they read about half of dP
+    and P at sq = skv. The upper-triangular kernel runs on the rows (b * h, sq, skv), as in
+    scores_softmax."""
+    if kind == "scaled_upper_triang_masked_softmax":
+        rows = (-1,) + tuple(p.shape[-2:])
+        return _op(f"{kind}_bwd")(dp.view(rows), p.view(rows), scale).view(p.shape)
+    if kind == "scaled_aligned_causal_masked_softmax":
+        return _op(f"{kind}_bwd")(dp, p, scale)
+    return _op("scaled_softmax_bwd")(dp, p, scale)
 
 
-def _core_backward(do, q, k, v, probs, scale, axis, bounds, needs):
+def _core_backward(do, q, k, v, probs, softmax, scale, axis, bounds, needs):
     """(dq, dk, dv), None where ``needs`` (three bools) says no, slice by slice: dV = P^T dO,
-    dP = dO V^T, dS = scaled_softmax_bwd(dP, P, scale) (every te_fast softmax has that backward),
+    dP = dO V^T, dS = the softmax kind's backward of (dP, P) (scores_softmax_backward),
     dQ = dS K, dK = dS^T Q; each gradient laid out in memory as its input is. Below autograd."""
     need_q, need_k, need_v = needs
     dq, dk, dv = _grads_like(q, k, v, needs)
@@ -191,7 +201,7 @@ def _core_backward(do, q, k, v, probs, scale, axis, bounds, needs):
         if not (need_q or need_k):
             continue
         dp = _matmul_into(do_c, v_c.transpose(-2, -1), torch.empty_like(p))
-        ds = _SOFTMAX_BWD(dp, p, scale)
+        ds = scores_softmax_backward(softmax, dp, p, scale)
         del dp  # only one slice's dP and dS at a time
         if need_q:
             _matmul_into(ds, k_c, _take(dq, axis, lo, hi))
@@ -210,7 +220,7 @@ class _Core(torch.autograd.Function):
         with _below_autograd():
             o, probs = _core_forward(q, k, v, mask, softmax, scale, axis, bounds, True)
         ctx.save_for_backward(q, k, v, *probs)
-        ctx.scale, ctx.axis, ctx.bounds = scale, axis, bounds
+        ctx.softmax, ctx.scale, ctx.axis, ctx.bounds = softmax, scale, axis, bounds
         return o
 
     @staticmethod
@@ -219,8 +229,9 @@ class _Core(torch.autograd.Function):
         q, k, v, *probs = ctx.saved_tensors
         with _below_autograd():
             grads = _core_backward(
-                do, q, k, v, probs, ctx.scale, ctx.axis, ctx.bounds, ctx.needs_input_grad[:3]
-            )
+                do, q, k, v, probs, ctx.softmax, ctx.scale, ctx.axis, ctx.bounds,
+                ctx.needs_input_grad[:3],
+            )  # fmt: skip
         return (*grads, None, None, None, None, None)
 
 
@@ -318,8 +329,12 @@ def _attention_core_fake(q, k, v, mask, softmax, scale, axis, edges, keep_probs)
     return _output_like(q, v), probs if keep_probs else []
 
 
-def _check_core_backward(grad_out, q, k, v, probs, axis, edges):
+def _check_core_backward(grad_out, q, k, v, probs, softmax, axis, edges):
     op = "attention_core_backward"
+    torch._check(
+        softmax in SOFTMAX_KINDS,
+        lambda: f"te_fast: {op} expects softmax to be one of {SOFTMAX_KINDS}, got {softmax!r}",
+    )
     bounds = _check_core(op, q, k, v, None, "scaled_softmax", axis, edges)
     torch._check(
         grad_out.shape == q.shape[:-1] + v.shape[-1:] and grad_out.dtype == q.dtype,
@@ -344,18 +359,22 @@ def _check_core_backward(grad_out, q, k, v, probs, axis, edges):
     return bounds
 
 
-def _attention_core_backward(grad_out, q, k, v, probs, scale, axis, edges, output_mask):
-    bounds = _check_core_backward(grad_out, q, k, v, probs, axis, edges)
-    return _core_backward(grad_out, q, k, v, probs, scale, axis, bounds, output_mask)
+def _attention_core_backward(
+    grad_out, q, k, v, probs, softmax, scale, axis, edges, output_mask
+):  # fmt: skip
+    bounds = _check_core_backward(grad_out, q, k, v, probs, softmax, axis, edges)
+    return _core_backward(grad_out, q, k, v, probs, softmax, scale, axis, bounds, output_mask)
 
 
-def _attention_core_backward_fake(grad_out, q, k, v, probs, scale, axis, edges, output_mask):
-    _check_core_backward(grad_out, q, k, v, probs, axis, edges)
+def _attention_core_backward_fake(
+    grad_out, q, k, v, probs, softmax, scale, axis, edges, output_mask
+):  # fmt: skip
+    _check_core_backward(grad_out, q, k, v, probs, softmax, axis, edges)
     return _grads_like(q, k, v, output_mask)
 
 
 def _setup_core_context(ctx, inputs, output):
-    q, k, v, _, _, scale, axis, edges, keep_probs = inputs
+    q, k, v, _, softmax, scale, axis, edges, keep_probs = inputs
     if not keep_probs:
         raise RuntimeError(
             "te_fast: attention_core(..., keep_probs=False) keeps no probabilities for a "
@@ -365,7 +384,7 @@ def _setup_core_context(ctx, inputs, output):
     ctx.mark_non_differentiable(*probs)  # the backward's inputs, nothing to differentiate
     ctx.set_materialize_grads(False)  # (no zero-filled gradients for them: P's worth of bytes)
     ctx.save_for_backward(q, k, v, *probs)
-    ctx.scale, ctx.axis, ctx.edges = scale, axis, edges
+    ctx.softmax, ctx.scale, ctx.axis, ctx.edges = softmax, scale, axis, edges
 
 
 _CORE_BACKWARD = reg.PYTHON_BY_NAME["attention_core"].backward  # attention_core_backward
@@ -376,8 +395,9 @@ def _core_autograd_backward(ctx, grad_out, _grad_probs):
     grads = (None, None, None)
     if grad_out is not None:
         grads = _op(_CORE_BACKWARD)(
-            grad_out, q, k, v, probs, ctx.scale, ctx.axis, ctx.edges, ctx.needs_input_grad[:3]
-        )
+            grad_out, q, k, v, probs, ctx.softmax, ctx.scale, ctx.axis, ctx.edges,
+            ctx.needs_input_grad[:3],
+        )  # fmt: skip
     return (*grads, None, None, None, None, None, None)
 
 

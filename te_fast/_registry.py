@@ -142,7 +142,8 @@ class PythonOpSpec:
 # - needs_exact_strides: the outputs are laid out as q (dq/dk/dv as q/k/v) are, so a compiler
 #   must hand the ops their inputs with the strides the fakes saw (inductor's default for custom
 #   ops today, stated here because correctness depends on it);
-# - the backward's unneeded gradients are None (``Tensor?``), like aten's output_mask ops.
+# - the backward's unneeded gradients are None (``Tensor?``), like aten's output_mask ops; it
+#   takes the softmax kind too, so that a causal kind's backward reads only the kept prefix.
 PYTHON_OPS: tuple[PythonOpSpec, ...] = (
     PythonOpSpec(
         "attention_core",
@@ -153,8 +154,9 @@ PYTHON_OPS: tuple[PythonOpSpec, ...] = (
     ),
     PythonOpSpec(
         "attention_core_backward",
-        "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor[] probs, float scale, int axis, "
-        "SymInt[] edges, bool[3] output_mask) -> (Tensor?, Tensor?, Tensor?)",
+        "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor[] probs, str softmax, "
+        "float scale, int axis, SymInt[] edges, bool[3] output_mask) "
+        "-> (Tensor?, Tensor?, Tensor?)",
         None,
         ("needs_exact_strides",),
     ),

@@ -133,16 +133,17 @@ def attention_core_backward(
     k: torch.Tensor,
     v: torch.Tensor,
     probs: list[torch.Tensor],
+    softmax: str,
     scale: float,
     axis: int,
     edges: list[int],
     output_mask: list[bool],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(dq, dk, dv) of attention_core from grad_out [b, h, sq, dv] and the probabilities it
-    returned, slice by slice; each laid out in memory as its input is, None where output_mask
-    (three bools) says no. No double backward."""
+    returned for the softmax kind ``softmax``, slice by slice; each laid out in memory as its
+    input is, None where output_mask (three bools) says no. No double backward."""
     return _ops().attention_core_backward.default(
-        grad_out, q, k, v, probs, scale, axis, edges, output_mask
+        grad_out, q, k, v, probs, softmax, scale, axis, edges, output_mask
     )
 
 

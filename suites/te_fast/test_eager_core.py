@@ -327,10 +327,10 @@ def test_core_backward_op_opcheck(dtype, output_mask):
     """The backward op's opcheck; unneeded gradients are None, the others bit for bit those
     of a call that asks for all three (skipping dK or dV must not change dQ)."""
     args = _op_args(dtype, "scaled_masked_softmax-head", "heads", requires_grad=False)
-    q, k, v, _, _, scale, axis, edges = args
+    q, k, v, _, softmax, scale, axis, edges = args
     o, probs = torch.ops.te_fast.attention_core(*args, True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.dtype)
-    bwd_args = (do, q, k, v, probs, scale, axis, edges)
+    bwd_args = (do, q, k, v, probs, softmax, scale, axis, edges)
     mask = [bool(m) for m in output_mask]
     torch.library.opcheck(torch.ops.te_fast.attention_core_backward.default, (*bwd_args, mask))
     grads = te_fast.ops.attention_core_backward(*bwd_args, mask)
@@ -373,6 +373,26 @@ def test_core_op_equals_the_eager_core():
     for g, g_eager in zip(grads, torch.autograd.grad(o_eager, (q, k, v), do)):
         assert torch.equal(g, g_eager) and g.stride() == g_eager.stride()
     assert not any(p.requires_grad for p in probs)
+
+
+@pytest.mark.parametrize("kind", list(OP_KINDS))
+def test_core_backward_takes_the_kinds_backward(kind):
+    """dS comes from the softmax kind's own backward op where the kind is causal (it reads only
+    each row's kept prefix of dP and P, SPEC §3), from scaled_softmax_bwd otherwise (the explicitly
+    masked backward takes no mask: the same formula over whole rows). The gradients themselves
+    are judged by this file's other tests."""
+    q, k, v, mask, name, scale, axis, edges = _op_args("bf16", kind, "heads", requires_grad=False)
+    o, probs = te_fast.ops.attention_core(q, k, v, mask, name, scale, axis, edges, True)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(2)).to(o.dtype)
+    bounds = list(zip(edges[:-1], edges[1:]))
+    with _OpLog() as log:
+        _attention_core._core_backward(
+            do, q, k, v, probs, name, scale, axis, bounds, (True, True, True)
+        )  # fmt: skip
+    causal = name in ("scaled_upper_triang_masked_softmax", "scaled_aligned_causal_masked_softmax")
+    want = f"te_fast.{name if causal else 'scaled_softmax'}_bwd.default"
+    softmax_ops = sorted({op for op in log.ops if op.endswith("softmax_bwd.default")})
+    assert softmax_ops == [want], log.ops
 
 
 def test_core_op_errors():
