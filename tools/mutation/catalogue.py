@@ -258,8 +258,8 @@ _PY = [
     # ---------------------------------------------------------------- te_fast/_attention_core.py
     Defect(
         "core_backward_unscaled", "cpu", "te_fast/_attention_core.py",
-        "        ds = _SOFTMAX_BWD(dp, p, scale)",
-        "        ds = _SOFTMAX_BWD(dp, p, 1.0)",
+        "        ds = scores_softmax_backward(softmax, dp, p, scale)",
+        "        ds = scores_softmax_backward(softmax, dp, p, 1.0)",
         "the attention core (eager and its registered backward op) drops the scale in its backward",
         ("suites/te_fast/test_eager_core.py",),
     ),
@@ -552,8 +552,10 @@ _CUDA = [
     ),
     Defect(
         "cuda_backward_unscaled", "cuda", _TE_FAST_CUDA,
-        "                              p.g.rows, p.g.sk, scale};",
-        "                              p.g.rows, p.g.sk, 1.0f};",
+        "                              p.g.sk,\n                              scale,\n"
+        "                              mode};",
+        "                              p.g.sk,\n                              1.0,\n"
+        "                              mode};",
         "CUDA softmax backward drops the scale",
         (OPS,), k="test_softmax and sk1000",
     ),
