@@ -484,6 +484,7 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     verdict = Verdict(
         failing=len(failures(report)),
         passing=report["summary"].get("passed", 0),
+        skipped=report["summary"].get("skipped", 0),
         pytest_exit=rc,
         interrupted=stopped or "",
         reported=len(report["cases"]),

@@ -25,6 +25,7 @@ class Verdict:
     reported: int = 0  # cases in the report (of a stopped run: those that finished)
     collected: int | None = None  # tests pytest had collected (known for a stopped run)
     passing: int = 0  # cases that passed (the no-baseline verdict quotes it)
+    skipped: int = 0  # cases skipped: when every reported case was, nothing was judged
     run_kind: str = ""  # "full" or "subset" (reports.model.Scope.kind)
     overrides: tuple[str, ...] = ()  # gates that were overridden, with the reason given
 
@@ -46,6 +47,10 @@ class Verdict:
                     f"{self.reported} case(s){of}",
                 ),
                 (self.failing, f"{self.failing} failing case(s)"),
+                (
+                    self.all_skipped,
+                    f"every one of the {self.reported} case(s) was skipped: nothing was judged",
+                ),
                 (pytest_failed, f"pytest exited with code {self.pytest_exit}"),
                 (self.regressions, f"{self.regressions} regression(s) against {self.baseline}"),
                 (self.baseline_refused, "baseline not updated"),
@@ -53,6 +58,12 @@ class Verdict:
             )
             if wrong
         ]
+
+    @property
+    def all_skipped(self) -> bool:
+        """Cases ran and every one of them was skipped: a run that judged nothing (no adapter
+        support, no device, kernels that did not load) is never a PASS."""
+        return self.reported > 0 and self.skipped >= self.reported
 
     @property
     def notes(self) -> list[str]:
@@ -75,10 +86,10 @@ class Verdict:
 
     @property
     def exit_code(self) -> int:
-        """0 pass (or no baseline yet, nothing failing); 1 failing cases, regressions or a refused
-        update; else pytest's own code (1, 2 interrupted, usage error, no tests); 2 stopped early
+        """0 pass (or no baseline yet, nothing failing); 1 failing cases, regressions, a refused
+        update or every case skipped; else pytest's own code (1, 2 interrupted, usage error, no tests); 2 stopped early
         or with an unusable baseline."""
-        if self.failing or self.regressions or self.baseline_refused:
+        if self.failing or self.regressions or self.baseline_refused or self.all_skipped:
             return 1
         if self.pytest_exit != 0:
             return self.pytest_exit

@@ -274,6 +274,33 @@ def test_run_gates_on_the_baseline(tmp_path):
     assert B.load(base).made_from["summary"]["failed"] == 0
 
 
+ALL_SKIPPED_SUITE = """
+import pytest
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_needs_a_device(i):
+    pytest.skip("no such device here")
+"""
+
+
+def test_a_run_that_skipped_every_case_fails(tmp_path):
+    """Issue 46: --no-compare over cases that all skip gave PASS, exit 0 (and without a
+    baseline, NO BASELINE): a run that judged nothing is FAIL, whatever the baseline."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    make_suite(suite)
+    for name in suite.glob("test_*.py"):
+        name.unlink()
+    (suite / "test_skipped.py").write_text(ALL_SKIPPED_SUITE)
+    for args in (("--no-compare",), ("--baseline", str(tmp_path / "none.json"))):
+        proc = run_cli(suite, tmp_path / "out", *args, "-n", "0")
+        verdict = proc.stdout.split("TE conformance verdict")[1]
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert verdict.splitlines()[1] == "FAIL", verdict
+        assert "every one of the 3 case(s) was skipped: nothing was judged" in verdict
+
+
 SLOW_SUITE = """
 import os, time
 from pathlib import Path

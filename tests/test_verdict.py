@@ -43,6 +43,16 @@ CASES = {
         dict(pytest_exit=5, no_baseline=True), 5, ["pytest exited with code 5"],
     ),
     "accepted_loss": (dict(overrides=("--accept-loss: 2 case(s) ...: moved",)), 0, []),
+    # issue 46: --no-compare with 3078 of 3078 skipped, or a GPU run whose kernels did not load
+    "all_skipped": (
+        dict(reported=3078, skipped=3078), 1,
+        ["every one of the 3078 case(s) was skipped: nothing was judged"],
+    ),
+    "all_skipped_no_baseline": (
+        dict(reported=2583, skipped=2583, no_baseline=True), 1,
+        ["every one of the 2583 case(s) was skipped: nothing was judged"],
+    ),
+    "one_judged_case": (dict(reported=5, skipped=4, passing=1), 0, []),
     "everything": (
         dict(failing=1, pytest_exit=1, regressions=4, baseline_refused=True,
              unusable_baseline=True), 1,
