@@ -73,7 +73,6 @@ build_s=$(( ($(date +%s%N) - start) / 1000000 ))
 echo "build: exit $rc in ${build_s} ms (MAX_JOBS=$(nproc), TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-auto})" | tee "$OUT/build_time.txt"
 grep -E "warning|error" "$OUT/build.log" | grep -v "Wc++20\|bit-fields" | head -20
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit $rc; }
-$PY -c "import te_fast; print('te_fast CUDA:', te_fast.device_unavailable_reason('cuda') or 'ok')"
 # An argument error must come back as a Python exception (a toolchain mismatch can turn the
 # C++ throw into a crash): try it in a subprocess, and on a crash rebuild with the system g++.
 error_path() {
@@ -88,6 +87,13 @@ if ! error_path | grep -q "error path ok"; then
   rm -rf build te_fast/_C*.so
   CC=/usr/bin/gcc CXX=/usr/bin/g++ MAX_JOBS=$(nproc) $PY setup.py build_ext --inplace > "$OUT/build2.log" 2>&1
   echo "rebuilt with $(/usr/bin/g++ --version | head -1): $(error_path)" | tee -a "$OUT/build_time.txt"
+fi
+# A GPU machine whose te_fast lacks CUDA kernels would skip every CUDA case: a failed step.
+if ! $PY -c "import sys, te_fast
+reason = te_fast.device_unavailable_reason('cuda')
+print('te_fast CUDA:', reason or 'ok')
+sys.exit(1 if reason else 0)"; then
+  failed+=" te_fast_cuda"; final=1
 fi
 
 # Transformer Engine's own fused softmax kernels for the `te` peer and suites/te_fast/test_te_kernels.py

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import te_fast
 from te_conformance.reports import record
-from te_conformance.suites import devices
+from te_conformance.suites import devices, skips
 from te_conformance.suites.checks import contracts
 from te_conformance.suites.op_cases import (
     CONTRACT_LAYOUTS,
@@ -26,6 +27,19 @@ LAID_OUT_CASES = [
     for dt in op_dtypes(op)
     for layout in CONTRACT_LAYOUTS
 ]
+
+
+@pytest.mark.parametrize("device_name", devices.device_params())
+def test_kernels_load_where_the_device_is(device_name):
+    """A machine that has the device must have te_fast's kernels for it. Every other te_fast case
+    skips where they are missing (devices.require), so without this case a CUDA machine whose
+    build left out the CUDA kernels skipped every GPU case and passed (issue 46: 2583 skipped,
+    NO BASELINE, exit 0). Skips only where the device itself is absent."""
+    _record("kernels", "-", device_name)
+    if device_name == "cuda":
+        skips.unless("environment", [devices.cuda_unavailable_reason()])
+    reason = te_fast.device_unavailable_reason(device_name)
+    assert reason is None, f"te_fast's {device_name} kernels did not load here: {reason}"
 
 
 def _record(op, dtype_name, device_name):
