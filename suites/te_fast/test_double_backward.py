@@ -116,6 +116,18 @@ def _fast_op(route: str, name: str):
     return lambda x, mask, scale: _eager_softmax.softmax(f"{name}_fwd", x, mask, scale)
 
 
+def _op_case(layout: str, name: str, dtype_name: str, device_name: str, seed: int):
+    """(op, x, gen) of one op case, recorded: scores x (sq 5 != sk 7) drawn from gen."""
+    record.case(impl="te_fast", layout=layout, dtype=dtype_name,
+                mask_type="double_backward", device=device_name)  # fmt: skip
+    device = devices.require(device_name)
+    gen = torch.Generator().manual_seed(seed)
+    op = SOFTMAX_OPS[name]
+    shape = (6, 5, 7) if op.rank == 3 else (2, 3, 5, 7)
+    x = (torch.randn(shape, generator=gen) * 2).to(device=device, dtype=DTYPES[dtype_name])
+    return op, x, gen
+
+
 @pytest.mark.parametrize("device_name", devices.device_params())
 @pytest.mark.parametrize("route", ("registered", "eager"))
 @pytest.mark.parametrize("scale", OP_SCALES, ids=lambda s: f"scale{s:g}")
@@ -124,14 +136,8 @@ def _fast_op(route: str, name: str):
 def test_softmax_op_double_backward(name, dtype_name, scale, route, device_name):
     """Each te_fast softmax op: y, dx and the second-order gradients with respect to x and dy,
     against the composite (a fully masked row in the masked op; sq != sk in the causal ones)."""
-    record.case(impl="te_fast", layout=f"op:{name}", dtype=dtype_name,
-                mask_type="double_backward", device=device_name)  # fmt: skip
-    device = devices.require(device_name)
-    dtype = DTYPES[dtype_name]
-    gen = torch.Generator().manual_seed(35)
-    op = SOFTMAX_OPS[name]
-    shape = (6, 5, 7) if op.rank == 3 else (2, 3, 5, 7)
-    x = (torch.randn(shape, generator=gen) * 2).to(device=device, dtype=dtype)
+    op, x, gen = _op_case(f"op:{name}", name, dtype_name, device_name, 35)
+    device, dtype, shape = x.device, x.dtype, x.shape
     mask = None
     if op.masked:
         mask = torch.rand((2, 1, 5, 7), generator=gen) < 0.3
@@ -169,14 +175,8 @@ def test_causal_backward_op_second_order_stays_in_the_kept_prefix(name, dtype_na
     row's kept prefix (SPEC §3), so both gradients are 0 there, and on the kept columns they
     match te_ref's backward differentiated by autograd (SPEC §6). y is a forward's output and dy
     random, so a composite that took whole rows gives nonzero d/dy past the prefix."""
-    record.case(impl="te_fast", layout=f"op:{name}_bwd", dtype=dtype_name,
-                mask_type="double_backward", device=device_name)  # fmt: skip
-    device = devices.require(device_name)
-    dtype = DTYPES[dtype_name]
-    gen = torch.Generator().manual_seed(36)
-    op = SOFTMAX_OPS[name]
-    shape = (6, 5, 7) if op.rank == 3 else (2, 3, 5, 7)
-    x = (torch.randn(shape, generator=gen) * 2).to(device=device, dtype=dtype)
+    op, x, gen = _op_case(f"op:{name}_bwd", name, dtype_name, device_name, 36)
+    device, dtype, shape = x.device, x.dtype, x.shape
     y = op.fast(x, SCALE)
     dy = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
     g = torch.randn(shape, generator=gen, dtype=torch.float64)
