@@ -300,10 +300,10 @@ constexpr bool kBwdExchange = C >= 8 && !(kWide<T> && kBwdMinCtasPerSm<T, V, K, 
 
 // One thread's share of one backward row. kCausal (the causal modes): only the row's kept prefix
 // of dy and y is loaded (columns j < limit); a chunk that straddles the limit has its elements
-// past it set to +0 on its raw words (Chunk::first) before they enter the dot (dx there then is
-// +0 but for its sign, which x + 0 makes +),
-// and chunks wholly past it are written as 16-byte zero stores (docs/SPEC.md §3: dy and y there
-// are not read, dx there is +0). A chunk past sk is never loaded or written.
+// past it set to +0 on its raw words (Chunk::first) before they enter the dot, so that dx there
+// is 0 (x + 0 makes its sign +), and chunks wholly past it are written as 16-byte zero stores
+// (docs/SPEC.md §3: dy and y there are not read, dx there is +0). A chunk past sk is never
+// loaded or written.
 template <typename T, int V, int K, int G, int C, bool kCausal>
 struct BwdRow {
   using S = Shape<V, K, G, C>;
