@@ -87,8 +87,8 @@ class Verdict:
     @property
     def exit_code(self) -> int:
         """0 pass (or no baseline yet, nothing failing); 1 failing cases, regressions, a refused
-        update or every case skipped; else pytest's own code (1, 2 interrupted, usage error, no tests); 2 stopped early
-        or with an unusable baseline."""
+        update or every case skipped; else pytest's own code (1, 2 interrupted, usage error, no
+        tests); 2 stopped early or with an unusable baseline."""
         if self.failing or self.regressions or self.baseline_refused or self.all_skipped:
             return 1
         if self.pytest_exit != 0:
