@@ -76,7 +76,8 @@ def _accept_loss_opt(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--accept-loss",
         metavar="REASON",
-        help="with --update-baseline: accept lost coverage (passed -> skipped, missing cases) "
+        help="with --update-baseline: accept lost coverage (any outcome -> skipped, missing "
+        "cases, fewer tensors compared) "
         "into the baseline, which records REASON; without it such an update is refused",
     )
 

@@ -12,7 +12,7 @@ from te_conformance.reports.model import FAILING, WHOLE, Scope, SelectionError, 
 # name -> (title, whether it is a regression)
 CATEGORIES = {
     "new_failures": ("new failures", True),  # new cases that fail or error included
-    "lost_coverage": ("lost coverage (passed -> skipped or xfailed)", True),
+    "lost_coverage": ("lost coverage (any outcome -> skipped, passed -> xfailed)", True),
     "ratio_regressions": ("ratio regressions", True),
     "non_finite": ("non-finite ratios (NaN/inf worst ratio in a passing case)", True),
     "lost_checks": ("lost checks (tensors compared in the baseline, not now)", True),
@@ -90,9 +90,10 @@ def compare(
     full run answers for every baseline case under its paths, a subset run (-k, -m, paths, a
     shard) for every baseline case its selection selects. A pass or a failure is the case's
     own (SPEC 6: ratio <= 1); against the baseline, a regression is a change of outcome
-    (passed -> failed, error, skipped, xfailed or missing) or a compared tensor no longer
-    compared. Ratio growth gates only between runs of one machine fingerprint (reports.env):
-    elsewhere the CPU's or GPU's kernels round differently, and the change is listed as drift.
+    (passed -> failed, error, xfailed or missing; any outcome -> skipped) or a compared tensor
+    no longer compared. Ratio growth gates only between runs of one machine fingerprint
+    (reports.env): elsewhere the CPU's or GPU's kernels round differently, and the change is
+    listed as drift.
     A ratio change counts only above min_ratio: at tiny ratios a x1.5 swing is noise. Details
     name outcomes and ratios, never the failure text (the report's failure section shows it).
     """
@@ -130,8 +131,10 @@ def compare(
                 add("still_failing", n, f"{b.outcome} -> {n.outcome}")
             else:
                 add("new_failures", n, f"{b.outcome} -> {n.outcome}")
-        elif b.outcome == "passed" and n.outcome in ("skipped", "xfailed"):
-            add("lost_coverage", n, f"passed -> {n.outcome}: {n.reason or '-'}")
+        elif (n.outcome == "skipped" and b.outcome != "skipped") or (
+            b.outcome == "passed" and n.outcome == "xfailed"
+        ):  # a skip judges nothing, whatever the case did before (a failure it now hides too)
+            add("lost_coverage", n, f"{b.outcome} -> {n.outcome}: {n.reason or '-'}")
         elif b.outcome in FAILING and n.outcome == "xfailed":
             add("excused_failures", n, f"{b.outcome} -> xfailed: {n.reason or '-'}")
         elif b.outcome == n.outcome == "xfailed":

@@ -145,6 +145,22 @@ def test_missing_case_and_lost_coverage_are_regressions():
     assert result.regressions == 2
 
 
+def test_every_outcome_that_turns_skipped_is_lost_coverage():
+    """Issue 46, item 5: a case that now skips judged something before, whatever its outcome
+    was. failed -> skipped counted as an improvement (it hides the failure) and xfailed ->
+    skipped matched no category at all; both are lost coverage now, a regression that
+    --update-baseline refuses without --accept-loss."""
+    before = ("passed", "failed", "error", "xfailed", "xpassed", "skipped")
+    base = report(*(case(f"t.py::test_{o}", o, ratio=None) for o in before))
+    new = report(*(case(f"t.py::test_{o}", "skipped", ratio=None) for o in before))
+    result = compare(new, base)
+    lost = [f"t.py::test_{o}" for o in sorted(before) if o != "skipped"]
+    assert names(result, "lost_coverage") == lost
+    assert names(result, "improvements") == []
+    assert result.regressions == len(lost)
+    assert "failed -> skipped" in dict(result.items["lost_coverage"])["t.py::test_failed"]
+
+
 def test_nonfinite_ratios_compare():
     nan_case = case("t.py::test_b", ratio=0.6)
     nan_case["tensors"][1]["ratio"] = "nan"
