@@ -241,8 +241,9 @@ def build_matrix(runs: list[tuple[str, dict]], columns: list[str] | None = None)
         counted = set()
         for f in rows:
             mine = [c for c in own if f["key"] in (c.get("features") or ())]
-            mine += [declined_part(c, f["key"]) for c in own
-                     if f["key"] not in (c.get("features") or ()) and declined_part(c, f["key"])]
+            parts = (declined_part(c, f["key"]) for c in own
+                     if f["key"] not in (c.get("features") or ()))  # fmt: skip
+            mine += [part for part in parts if part]
             counted.update(c["nodeid"] for c in mine)
             cells[f["key"]][name] = _tally(mine, args, f["key"])
         info[name] = {**_run_info(report), "cases": len(own), "counted": len(counted)}

@@ -422,9 +422,8 @@ class ReportWriter:
                     declared.update(payload.get("keys") or [])
                 if payload.get("replace"):  # the recorded ones before it were another case's
                     features = [k for k in features if k in declared]
-                features += [k for k in payload.get("keys") or [] if k not in features]
-                if payload.get("replace"):
                     declined_features = []
+                features += [k for k in payload.get("keys") or [] if k not in features]
                 declined_features += [d for d in payload.get("declined") or []
                                       if isinstance(d, dict) and d not in declined_features]
             elif kind == "reproducer":
