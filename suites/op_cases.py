@@ -29,6 +29,7 @@ class SoftmaxOp:
     ref: object
     rank: int
     masked: bool = False
+    causal: bool = False  # its backward reads each row's kept prefix alone (SPEC §3)
 
 
 # public name -> op, for every softmax forward of the registry (te_ref names its functions alike)
@@ -39,10 +40,13 @@ SOFTMAX_OPS = {
         getattr(te_ref, spec.public),
         spec.rank,
         spec.masked,
+        spec.causal,
     )
     for spec in _registry.OPS
     if spec.kind == _registry.SOFTMAX_FWD
 }
+# the causal ops, in the registry's order
+CAUSAL_OPS = tuple(name for name, op in SOFTMAX_OPS.items() if op.causal)
 
 
 def random_mask(shape, device, fully_masked_row: int | None = 1) -> torch.Tensor:

@@ -26,7 +26,7 @@ from te_conformance.reports import record
 from te_conformance.suites import devices
 from te_conformance.suites.cases import DTYPES
 from te_conformance.suites.checks.numerics import K_BACKWARD, K_FORWARD, check_ratio
-from te_conformance.suites.op_cases import SOFTMAX_OPS
+from te_conformance.suites.op_cases import CAUSAL_OPS, SOFTMAX_OPS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # suites/plugin.py: tiny tensors, one thread
 
@@ -161,9 +161,6 @@ def test_softmax_op_double_backward(name, dtype_name, scale, route, device_name)
     ref64 = run(ref(torch.float64), torch.float64)
     ref_lp = run(ref(dtype))
     judge(impl, ref64, ref_lp, comp64, dtype)
-
-
-CAUSAL_OPS = [name for name in SOFTMAX_OPS if te_ref.kept_columns(name, 1, 2) is not None]
 
 
 @pytest.mark.parametrize("device_name", devices.device_params())

@@ -39,6 +39,7 @@ from te_conformance.suites.checks import contracts  # noqa: E402
 from te_conformance.suites.checks.attention import judge_against_reference, run_impl  # noqa: E402
 from te_conformance.suites.devices import device_params, require  # noqa: E402
 from te_conformance.suites.fuzz.checks import ModuleExample, check_module_example  # noqa: E402
+from te_conformance.suites.op_cases import CAUSAL_OPS  # noqa: E402
 from te_fast import _attention_core  # noqa: E402
 from te_fast.attention import UnfusedDotProductAttention  # noqa: E402
 
@@ -389,8 +390,7 @@ def test_core_backward_takes_the_kinds_backward(kind):
         _attention_core._core_backward(
             do, q, k, v, probs, name, scale, axis, bounds, (True, True, True)
         )  # fmt: skip
-    causal = name in ("scaled_upper_triang_masked_softmax", "scaled_aligned_causal_masked_softmax")
-    want = f"te_fast.{name if causal else 'scaled_softmax'}_bwd.default"
+    want = f"te_fast.{name if name in CAUSAL_OPS else 'scaled_softmax'}_bwd.default"
     softmax_ops = sorted({op for op in log.ops if op.endswith("softmax_bwd.default")})
     assert softmax_ops == [want], log.ops
 

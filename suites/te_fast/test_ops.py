@@ -12,6 +12,7 @@ from te_conformance.suites.checks.numerics import K_BACKWARD, K_FORWARD, check_e
 from te_conformance.suites.fuzz.checks import softmax_bwd_refs
 from te_conformance.suites.op_cases import (
     BAD_CU_SEQLENS,
+    CAUSAL_OPS,
     CONVERT_DTYPES,
     OP_DTYPES,
     ROW_LENGTHS,
@@ -25,7 +26,6 @@ from te_conformance.suites.op_cases import (
     range_end_scores,
     softmax_inputs,
 )
-from te_fast import _registry
 from te_fast import ops as fast
 
 
@@ -277,11 +277,8 @@ def test_softmax_misaligned_views(dtype_name, device_name, sk):
     check_ratio("dx", dx, dx64, xr.grad, K_BACKWARD)
 
 
-# The causal ops (their backward reads each row's kept prefix alone, SPEC §3), one row length per
-# CUDA backward path (ROW_LENGTHS), and a few misaligned views (one-element accesses).
-CAUSAL_OPS = tuple(
-    spec.public for spec in _registry.OPS if spec.kind == _registry.SOFTMAX_FWD and spec.causal
-)
+# The causal ops' backwards (CAUSAL_OPS: each row's kept prefix alone, SPEC §3), one row length
+# per CUDA backward path (ROW_LENGTHS), and a few misaligned views (one-element accesses).
 KEPT_PREFIX_CASES = [(sk, "aligned") for sk in ROW_LENGTHS] + [
     (sk, "misaligned") for sk in (40, 1000, 4096)
 ]
