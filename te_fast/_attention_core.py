@@ -176,16 +176,17 @@ def _core_forward(q, k, v, mask, softmax, scale, axis, bounds, keep_probs):
 
 def scores_softmax_backward(kind: str, dp, p, scale: float):
     """dS from dP and P (b, h, sq, skv) for the te_fast softmax ``kind``: every kind has the
-    backward formula of scaled_softmax_bwd, and the causal kinds' own backward ops compute it
-    over each row's kept prefix alone, where P is nonzero (SPEC §3): they read about half of dP
-    and P at sq = skv. The upper-triangular kernel runs on the rows (b * h, sq, skv), as in
-    scores_softmax."""
-    if kind == "scaled_upper_triang_masked_softmax":
+    backward formula of scaled_softmax_bwd, and a kind whose backward op has a causal mask mode
+    (the op table's) computes it over each row's kept prefix alone, where P is nonzero (SPEC §3):
+    about half of dP and P read at sq = skv. A rank-3 op runs on the rows (b * h, sq, skv), as
+    in scores_softmax."""
+    spec = reg.BY_NAME[f"{kind}_bwd"]
+    if not spec.causal:
+        return _op("scaled_softmax_bwd")(dp, p, scale)
+    if spec.rank == 3:
         rows = (-1,) + tuple(p.shape[-2:])
-        return _op(f"{kind}_bwd")(dp.view(rows), p.view(rows), scale).view(p.shape)
-    if kind == "scaled_aligned_causal_masked_softmax":
-        return _op(f"{kind}_bwd")(dp, p, scale)
-    return _op("scaled_softmax_bwd")(dp, p, scale)
+        return _op(spec.name)(dp.view(rows), p.view(rows), scale).view(p.shape)
+    return _op(spec.name)(dp, p, scale)
 
 
 def _core_backward(do, q, k, v, probs, softmax, scale, axis, bounds, needs):
