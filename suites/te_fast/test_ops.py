@@ -300,7 +300,16 @@ def test_causal_backward_reads_only_kept_columns(op_name, dtype_name, device_nam
     the clean (dy, y) (SPEC §6) and be +0, bit for bit, past the prefix. sq = 5 rows: the
     upper-triangular op keeps 1..5 leading columns of each (long rows are mostly wholly masked
     chunks), the bottom-right one all but the last 4..0 (rows of sk < 5 columns are partly
-    fully masked); a kernel that reads whole rows gives NaN rows."""
+    fully masked); a kernel that reads whole rows gives NaN rows.
+
+    TE's own kernels (SPEC §7; its fused softmax sources are not in the 2.20.2 wheel: read at
+    commit d0067d0, whose files are release_v2.19's, docs/te_kernels.md) load dy and y only in
+    the kept prefix and leave zeros in their registers past it:
+    scaled_upper_triang_masked_softmax.cu:296-320 (element_index < local_seq) and
+    scaled_aligned_causal_masked_softmax.cu:296-320 (j < masked_elements = i + cols - rows + 1);
+    their writes (:339-353, :339-357) give scale * (0 - 0 * sum) there, +0 at the positive scales
+    TE is called with (-0 at a negative one, where te_fast writes +0: the sign of a zero, not
+    run here, since this test calls te_fast's ops)."""
     sk, layout = case
     _record(op_name, dtype_name, device_name, "kept_prefix")
     device = devices.require(device_name)
