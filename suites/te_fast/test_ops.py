@@ -303,7 +303,7 @@ def test_causal_backward_reads_only_kept_columns(op_name, dtype_name, device_nam
     fully masked); a kernel that reads whole rows gives NaN rows.
 
     TE's own kernels (SPEC §7; its fused softmax sources are not in the 2.20.2 wheel: read at
-    commit d0067d0, whose files are release_v2.19's, docs/te_kernels.md) load dy and y only in
+    the commit docs/te_kernels.md names, whose files are release_v2.19's) load dy and y only in
     the kept prefix and leave zeros in their registers past it:
     scaled_upper_triang_masked_softmax.cu:296-320 (element_index < local_seq) and
     scaled_aligned_causal_masked_softmax.cu:296-320 (j < masked_elements = i + cols - rows + 1);
