@@ -47,6 +47,7 @@ class Entry:
     marks: tuple[str, ...] | None = None  # what -m sees (None: not recorded)
     keywords: tuple[str, ...] | None = None  # what -k sees besides the name (None: not recorded)
     reason: str | None = None  # why it skipped or xfailed (a baseline keeps the xfail reasons)
+    examples: int | None = None  # a fuzz case's budget: the examples it asked to draw
 
 
 @dataclass
@@ -77,7 +78,13 @@ def entry_of(case: dict) -> Entry:
         marks=None if marks is None else tuple(marks),
         keywords=None if keywords is None else tuple(keywords),
         reason=case.get("skip_reason") if case["outcome"] in ("skipped", "xfailed") else None,
+        examples=_count((case.get("fields") or {}).get("fuzz_examples")),
     )
+
+
+def _count(value) -> int | None:
+    """A recorded count (a fuzz budget): an int >= 0, else None (not recorded, or not a count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def entries_of_report(report: dict) -> dict[str, Entry]:
@@ -131,6 +138,8 @@ def _encode(e: Entry, tags: dict[tuple, int]) -> dict:
         d["tags"] = tags.setdefault(tag, len(tags))
     if e.reason and e.outcome == "xfailed":
         d["reason"] = e.reason
+    if e.examples is not None:
+        d["examples"] = e.examples
     return d
 
 
@@ -206,6 +215,7 @@ def _decode(data: dict, source: str) -> Baseline:
             marks=None if tag.get("marks") is None else tuple(tag["marks"]),
             keywords=None if tag.get("keywords") is None else tuple(tag["keywords"]),
             reason=d.get("reason"),
+            examples=_count(d.get("examples")),
         )
     return Baseline(entries, data.get("fingerprint"), data.get("made_from") or {},
                     data.get("accepted_loss"), dict(renames), source)  # fmt: skip

@@ -16,6 +16,7 @@ CATEGORIES = {
     "ratio_regressions": ("ratio regressions", True),
     "non_finite": ("non-finite ratios (NaN/inf worst ratio in a passing case)", True),
     "lost_checks": ("lost checks (tensors compared in the baseline, not now)", True),
+    "fewer_examples": ("fewer fuzz examples (a smaller budget than the baseline's)", True),
     "missing": ("missing cases (in the baseline and selected, not in this run)", True),
     "improvements": ("improvements", False),
     "drift": ("ratio drift (another machine fingerprint: not gated)", False),
@@ -26,7 +27,7 @@ CATEGORIES = {
     "still_failing": ("still failing (failed in the baseline too)", False),
 }
 # the categories that lose coverage: --update-baseline refuses them without --accept-loss
-COVERAGE_LOSS = ("lost_coverage", "missing", "lost_checks")
+COVERAGE_LOSS = ("lost_coverage", "missing", "lost_checks", "fewer_examples")
 SKIPPED = ("skipped", "xfailed")
 DEFAULT_FACTOR = 1.5
 DEFAULT_MIN_RATIO = 0.05
@@ -46,7 +47,7 @@ class Comparison:
 
     @property
     def coverage_loss(self) -> list[tuple[str, str]]:
-        """Cases whose coverage this run lost (passed -> skipped, missing, fewer checks)."""
+        """Cases whose coverage this run lost (-> skipped, missing, fewer checks or examples)."""
         return [item for name in COVERAGE_LOSS for item in self.items[name]]
 
     @property
@@ -90,10 +91,10 @@ def compare(
     full run answers for every baseline case under its paths, a subset run (-k, -m, paths, a
     shard) for every baseline case its selection selects. A pass or a failure is the case's
     own (SPEC 6: ratio <= 1); against the baseline, a regression is a change of outcome
-    (passed -> failed, error, xfailed or missing; any outcome -> skipped) or a compared tensor
-    no longer compared. Ratio growth gates only between runs of one machine fingerprint
-    (reports.env): elsewhere the CPU's or GPU's kernels round differently, and the change is
-    listed as drift.
+    (passed -> failed, error, xfailed or missing; any outcome -> skipped), a compared tensor
+    no longer compared, or a fuzz case that drew fewer examples. Ratio growth gates only
+    between runs of one machine fingerprint (reports.env): elsewhere the CPU's or GPU's kernels
+    round differently, and the change is listed as drift.
     A ratio change counts only above min_ratio: at tiny ratios a x1.5 swing is noise. Details
     name outcomes and ratios, never the failure text (the report's failure section shows it).
     """
@@ -151,6 +152,10 @@ def compare(
             lost = sorted(set(b.checked) - set(n.checked))
             if lost or (b.ratio is not None and nr is None):
                 add("lost_checks", n, f"no longer compared: {', '.join(lost) or 'any tensor'}")
+                continue
+            if b.examples is not None and (n.examples or 0) < b.examples:
+                now = "none recorded" if n.examples is None else str(n.examples)
+                add("fewer_examples", n, f"fuzz examples {b.examples} -> {now}")
                 continue
             br = b.ratio
             if nr is None or br is None:

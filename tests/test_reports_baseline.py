@@ -28,13 +28,13 @@ FP_AVX2 = {**FP, "cpu_capability": "AVX2",
 
 
 def case(nodeid, outcome="passed", ratio=0.1, tensors=("out", "dq"), marks=(), keywords=None,
-         reason=None):  # fmt: skip
+         reason=None, **fields):  # fmt: skip
     return {
         "nodeid": nodeid,
         "key": case_key(nodeid),
         "id": nodeid.rsplit("::", 1)[-1],
         "outcome": outcome,
-        "fields": {},
+        "fields": fields,
         "tensors": [] if ratio is None else [
             {"name": t, "max_abs_err": ratio, "bound": 1.0, "ratio": ratio if i == 0 else 0.01}
             for i, t in enumerate(tensors)
@@ -101,6 +101,25 @@ def test_a_tensor_no_longer_compared_is_lost_coverage():
     assert names(result, "lost_checks") == ["t.py::test_a"]
     assert "dk, dv" in result.items["lost_checks"][0][1]
     assert result.regressions == 1
+
+
+def test_a_fuzz_case_that_draws_fewer_examples_is_lost_coverage(tmp_path):
+    """TE_FUZZ_EXAMPLES=1 against a baseline made at the ci budget: the same case passes on
+    one draw where the baseline drew 25. That is a regression, kept through the baseline file;
+    more examples, or a case without a recorded budget on either side, are not."""
+    fuzz = "suites/test_fuzz.py::test_fuzz_module[bshd-cpu]"
+    base = report(case(fuzz, fuzz_examples=25))
+    path = tmp_path / "base.json"
+    B.write(B.from_report(base), path)
+    for baseline in (base, B.load(path)):
+        result = compare(report(case(fuzz, fuzz_examples=1)), baseline)
+        assert names(result, "fewer_examples") == [fuzz]
+        assert result.items["fewer_examples"][0][1] == "fuzz examples 25 -> 1"
+        assert result.regressions == 1 and result.coverage_loss
+        lost = compare(report(case(fuzz)), baseline)  # the budget no longer recorded
+        assert lost.items["fewer_examples"][0][1] == "fuzz examples 25 -> none recorded"
+        assert compare(report(case(fuzz, fuzz_examples=100)), baseline).regressions == 0
+    assert compare(report(case(fuzz, fuzz_examples=1)), report(case(fuzz))).regressions == 0
 
 
 def _kw_case(param, dtype):

@@ -47,10 +47,11 @@ def examples(device: str, kind: str) -> int:
 
 def record_run(what: str, device_name: str, kind: str, impl: str = "te_fast") -> int:
     """Record what a fuzz test draws (its kind, device, profile and count) for the report; the
-    number of examples."""
+    number of examples. The count is also the case's ``fuzz_examples``, which the report tool
+    compares with the baseline's: a run that draws fewer has lost coverage."""
     n = examples(device_name, kind)
     record.case(impl=impl, layout=f"fuzz:{what}", device=device_name,
-                mask_type=f"{profile_name()}:{n}")  # fmt: skip
+                mask_type=f"{profile_name()}:{n}", fuzz_examples=n)  # fmt: skip
     return n
 
 

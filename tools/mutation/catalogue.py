@@ -3,7 +3,7 @@
 Each defect is one exact text replacement in te_fast (Python, the shared C++ of csrc/, or the CUDA
 backend of csrc/cuda/), written the way a kernel author might get it wrong on a bad day; a few are
 in te_ref, the judge, where a misreading could be shared with te_fast (the literal tables of
-suites/judge/test_te_ref.py catch those), and two in the gates themselves (suites/expected.py,
+suites/judge/test_te_ref.py catch those), and some in the gates themselves (suites/expected.py,
 reports/), whose first run is the tool test that guards them. Its old text must occur exactly once
 in its file (tests/test_mutation.py checks this against the tree, so an edit that moves the code
 breaks the test rather than the harness). ``device`` is where the defect shows: the shared C++ and
@@ -370,6 +370,14 @@ _PY = [
         "--update-baseline takes a run that lost coverage (passed -> skipped, cases missing) "
         "without --accept-loss, and calls it PASS",
         ("tests/test_reports_gates.py",),
+    ),
+    Defect(
+        "fuzz_budget_not_compared", "cpu", "reports/compare.py",
+        "            if b.examples is not None and (n.examples or 0) < b.examples:\n",
+        "            if False:\n",
+        "a fuzz case that draws fewer examples than its baseline (TE_FUZZ_EXAMPLES=1) passes "
+        "as the same case with the same outcome",
+        ("tests/test_reports_baseline.py",),
     ),
 ]  # fmt: skip
 
