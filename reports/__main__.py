@@ -27,6 +27,7 @@ from te_conformance.reports.compare import (
 )
 from te_conformance.reports.merge import inconsistencies, merge_reports
 from te_conformance.reports.model import (
+    DEFAULT_IMPL,
     DEFAULT_SCOPE,
     ReportError,
     failures,
@@ -130,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--baseline",
         metavar="PATH",
         help="baseline file, or a report (default: reports/baseline/<machine class>.json, or "
-        "<machine class>.<NAME>.json with --impl NAME)",
+        f"<machine class>.<NAME>.json with --impl NAME other than {DEFAULT_IMPL})",
     )
     run.add_argument(
         "--impl",
@@ -423,9 +424,11 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     machine = args.machine_class or env.machine_class()
     impls = args.impl or []
-    # another adapter's run has other cases: it is compared with its own baseline
-    # (an --impl package.module:Class spec names its baseline with '.' for ':')
-    name = ".".join([machine, *(n.replace(":", ".") for n in impls)])
+    # another adapter's run has other cases: it is compared with its own baseline (an --impl
+    # package.module:Class spec names its baseline with '.' for ':'); the default adapter's cases
+    # are the default run's (model.DEFAULT_IMPL), so --impl te_fast shares its baseline
+    named = [] if impls == [DEFAULT_IMPL] else impls
+    name = ".".join([machine, *(n.replace(":", ".") for n in named)])
     baseline = Path(args.baseline) if args.baseline else BASELINE_DIR / f"{name}.json"
     # without paths, the default scope: the suites (with --impl, the suites' plugin keeps the
     # tests that take an adapter), never tests/ (the tool's own tests, `pytest -n auto tests`)

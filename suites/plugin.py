@@ -23,6 +23,7 @@ pytest_plugins = ["te_conformance.reports.plugin"]
 
 SUITES_DIR = Path(__file__).resolve().parent
 
+CONFORMANCE = "conformance"  # the marker of the tests that take an adapter (--impl runs them)
 MARKERS = (
     "gpu: needs a CUDA device (skipped with a reason on CPU-only machines)",
     "slow: long-running case",
@@ -34,6 +35,8 @@ MARKERS = (
     "the conformance matrix",
     "per_adapter(**axes): parametrize over axes (argname=values, in id order) and the selected "
     "adapters, which join the last axis's id (bare for te_fast); see suites/adapters/__init__.py",
+    f"{CONFORMANCE}: set by the suites' plugin on every test that takes an adapter (the "
+    "conformance room); --impl runs these alone, as -m conformance",
 )
 
 
@@ -68,6 +71,26 @@ def pytest_configure(config):
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     pinning.configure(config)
+    if config.getoption("--impl"):
+        select_conformance(config)
+
+
+def select_conformance(config) -> None:
+    """--impl judges the named adapters: the run keeps the tests that take one, by pytest's own
+    -m (the marker pytest_itemcollected sets), so that the report records the selection and
+    compares the run with a baseline on the cases it selects alone (a subset run): a run of
+    --impl te_fast answers to the default run's baseline for its conformance cases. Applied
+    once however often configure runs (an xdist worker gets the controller's options)."""
+    old = config.option.markexpr or ""
+    if old == CONFORMANCE or old.endswith(f") and {CONFORMANCE}"):
+        return
+    config.option.markexpr = f"({old}) and {CONFORMANCE}" if old else CONFORMANCE
+
+
+def pytest_itemcollected(item):
+    """The tests that take an ``adapter`` carry the conformance marker (what --impl selects)."""
+    if "adapter" in getattr(item, "fixturenames", ()):
+        item.add_marker(CONFORMANCE)
 
 
 def pytest_report_header(config):
@@ -179,26 +202,13 @@ def check_rooms(items) -> None:
         raise pytest.UsageError("tests in the wrong room of suites/:\n  " + "\n  ".join(wrong[:20]))
 
 
-def _adapter_tests_only(config, items) -> None:
-    """With --impl the run judges the named adapters: the tests that take an ``adapter`` are
-    selected by that fact (the conformance room), every other test deselected."""
-    if not config.getoption("--impl"):
-        return
-    takes = [("adapter" in getattr(i, "fixturenames", ()), i) for i in items]
-    dropped = [i for t, i in takes if not t]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = [i for t, i in takes if t]
-
-
 def pytest_collection_modifyitems(config, items):
-    """The rooms (check_rooms), --impl's selection (_adapter_tests_only), and the expected
+    """The rooms (check_rooms) and the expected
     failures known at collection (suites/expected.py): suites/known_failures.py by case key and
     the differences the item's adapter declares (Adapter.differences)."""
     from te_conformance.suites.known_failures import KNOWN_FAILURES
 
     check_rooms(items)
-    _adapter_tests_only(config, items)
     for item in items:
         marker_features(item)  # a UsageError for an unknown or clashing feature
         key = item_key(item)

@@ -122,6 +122,33 @@ def test_a_fuzz_case_that_draws_fewer_examples_is_lost_coverage(tmp_path):
     assert compare(report(case(fuzz, fuzz_examples=1)), report(case(fuzz))).regressions == 0
 
 
+def test_an_impl_run_answers_for_the_conformance_cases_of_the_default_baseline():
+    """--impl is pytest's -m conformance (joined with the run's own -m), so a run of --impl
+    te_fast against the default run's baseline is a subset run: te_fast's own tests and the
+    judge's are not compared, a conformance case that vanished is missing."""
+    from te_conformance.suites.plugin import select_conformance
+
+    class Option:
+        markexpr = "not gpu"
+
+    class Config:
+        option = Option()
+
+    config = Config()
+    select_conformance(config)
+    select_conformance(config)  # an xdist worker configures again: applied once
+    assert config.option.markexpr == "(not gpu) and conformance"
+    conf = "suites/conformance/test_attention.py::test_core[x]"
+    gone = "suites/conformance/test_attention.py::test_core[y]"
+    own = "suites/te_fast/test_ops.py::test_softmax[x]"
+    base = report(case(conf, marks=["conformance"]), case(gone, marks=["conformance"]),
+                  case(own, marks=[]))  # fmt: skip
+    new = report(case(conf, marks=["conformance"]), markexpr="(not gpu) and conformance")
+    result = compare(new, base)
+    assert not result.scope.complete and result.not_compared == 1
+    assert [n for n, _ in result.items["missing"]] == [gone]
+
+
 def _kw_case(param, dtype):
     nodeid = f"suites/test_x.py::test_attn[{param}]"
     return case(nodeid, marks=["gpu"] if "cuda" in param else [],

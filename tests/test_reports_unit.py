@@ -438,6 +438,11 @@ def test_run_with_impl_gates_that_adapter_against_its_own_baseline(tmp_path, mon
                                 "suites/conformance/test_attention.py::test_core", "-x"]
     main(["run", "--out", out, "--machine-class", "h200", "--no-compare"])
     assert "--impl" not in commands[2] and commands[2][-1] == "suites"
+    capsys.readouterr()
+    # the default adapter's cases are the default run's: --impl te_fast shares its baseline
+    main(["run", "--out", out, "--machine-class", "h200", "--impl", "te_fast"])
+    assert "no baseline at reports/baseline/h200.json" in capsys.readouterr().out
+    assert commands[3][commands[3].index("--impl") + 1] == "te_fast"
 
 
 @pytest.fixture(scope="module")

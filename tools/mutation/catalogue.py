@@ -379,6 +379,14 @@ _PY = [
         "as the same case with the same outcome",
         ("tests/test_reports_baseline.py",),
     ),
+    Defect(
+        "impl_te_fast_without_baseline", "cpu", "reports/__main__.py",
+        "    named = [] if impls == [DEFAULT_IMPL] else impls\n",
+        "    named = impls\n",
+        "run --impl te_fast looks for a baseline of its own that does not exist, and says NO "
+        "BASELINE (exit 0) where the default run's baseline would FAIL it",
+        ("tests/test_reports_unit.py",), k="impl",
+    ),
 ]  # fmt: skip
 
 _CPP = [
