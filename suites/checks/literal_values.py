@@ -335,7 +335,6 @@ def judge_pin(adapter, case: AttnCase, q, k, v, kwargs, scale, probs64, max_logi
             failures.append(AssertionError(
                 f"{name}: max_logit {ml.tolist()}, literal {max_logit64.tolist()}"))  # fmt: skip
     out, max_logit = run_call(adapter, run, q, k, v, kwargs, scale)
-    dtype = DTYPES[case.dtype]
     checks = [("out", _probabilities(out, case), probs64, _probabilities(ref_lp[0], case))]
     if max_logit64 is not None and "max_logit" not in notes.get("not_judged", {}):
         if max_logit is None or max_logit.shape != (case.h,) or max_logit.dtype != torch.float32:
@@ -346,7 +345,7 @@ def judge_pin(adapter, case: AttnCase, q, k, v, kwargs, scale, probs64, max_logi
             checks.append(("max_logit", max_logit, max_logit64, ref_lp[1]))
     for name, impl, lit, lp in checks:
         try:
-            check_ratio(name, impl, lit, lp, K_FORWARD, dtype)
+            check_ratio(name, impl, lit, lp, K_FORWARD, lp.dtype)  # max_logit's: fp32
         except AssertionError as e:
             failures.append(e)
     return failures
