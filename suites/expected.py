@@ -56,15 +56,21 @@ class Expectation:
     where: str | None = None
     defined_at: str | None = None
     reproducer: str | None = None
+    max_ratio: float | None = None  # a ratio failure above it is not this difference
     extra: dict = field(default_factory=dict, compare=False)
 
     def explains(self, failure: BaseException) -> bool:
         """Whether this expectation explains one failure (a CheckError of its checks on one of
-        its tensors; nothing else ever is)."""
+        its tensors, and for a ratio failure under ``max_ratio`` where it has one; nothing else
+        ever is)."""
         if not isinstance(failure, CheckError):
             return False
         if self.tensors and failure.tensor not in self.tensors:
             return False
+        if self.max_ratio is not None and failure.kind == "ratio":
+            ratio = getattr(failure, "ratio", None)
+            if ratio is None or not ratio <= self.max_ratio:  # NaN and untold ratios too
+                return False
         return bool({failure.kind, f"{failure.kind}:{failure.tensor}"} & set(self.checks))
 
     def label(self) -> str:
@@ -74,6 +80,8 @@ class Expectation:
         who = f" of {self.adapter}" if self.adapter and self.source == "declared" else ""
         what = f" {self.id}" if self.source == "te_deviation" else ""
         on = f" ({','.join(self.tensors)})" if self.tensors else ""
+        if self.max_ratio is not None:
+            on += f" [ratio <= {self.max_ratio:g}]"
         how = "" if self.strict else " [not strict: machine-dependent rounding]"
         return f"{head}{who}{what}{on}: {self.title or self.reason}{how}"
 
@@ -83,7 +91,7 @@ class Expectation:
             "source": self.source, "id": self.id, "reason": self.reason,
             "checks": list(self.checks), "tensors": list(self.tensors), "strict": self.strict,
         }  # fmt: skip
-        for name in ("adapter", "title", "where", "defined_at", "reproducer"):
+        for name in ("adapter", "title", "where", "defined_at", "reproducer", "max_ratio"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return {**out, **self.extra}

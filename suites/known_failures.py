@@ -22,7 +22,9 @@ from pathlib import Path
 class KnownFailure:
     """One test expected to fail SPEC §6's rule on ``tensor`` (a name check_ratio is given:
     "out", "dk", "y", "dx", ...; several, comma-separated, when the case fails on each of them
-    and on nothing else), for ``reason``.
+    and on nothing else), for ``reason``, by a ratio over 1 and at most ``max_ratio``: the
+    range the diagnosis was measured in, with room for the rounding to move; a wrong value on
+    the named tensor goes past it and fails the case.
 
     ``machine_dependent`` marks another implementation's rounding one or two elements past the
     bound, whose occurrence moves with the CPU's instruction set (torch's vectorized CPU kernels
@@ -33,6 +35,7 @@ class KnownFailure:
 
     tensor: str
     reason: str
+    max_ratio: float  # the largest ratio this diagnosis explains; a larger error is a failure
     machine_dependent: bool = False
 
     @property
@@ -50,7 +53,7 @@ class KnownFailure:
             source="known_failure", id=key, reason=self.reason, tensors=self.tensors,
             checks=VALUE_CHECKS if self.machine_dependent else ("ratio",),
             exact=not self.machine_dependent, strict=not self.machine_dependent,
-            defined_at=defined_at(key),
+            defined_at=defined_at(key), max_ratio=self.max_ratio,
         )  # fmt: skip
 
 
@@ -80,6 +83,7 @@ KNOWN_FAILURES = {
             "values pass on the H200 at 0.32-0.36x: not diagnosed (dk = dS^T q through cuBLAS in "
             "bf16 with the softmax backward's bf16 dS)"
         ),
+        max_ratio=1.5,
     ),
     "test_ops::test_softmax_range_end_scores"
     "[scaled_masked_softmax-bcast_mask-fp16-cuda-sk20000-scale1.0]": KnownFailure(
@@ -98,6 +102,7 @@ KNOWN_FAILURES = {
             "defect: the kernel's dx is the correctly rounded value for the fp16 y and dy it is "
             "given. Passes on the CPU"
         ),
+        max_ratio=2.0,
     ),
     "test_dispatch_paths::test_eager_core"
     "[bshd_bshd_bshd-bf16-padding-diag_br-pad_cu_seqlens-cuda]": KnownFailure(
@@ -107,6 +112,7 @@ KNOWN_FAILURES = {
             "cuBLAS dk = dS^T q): dk 1.02x its bound at the same element, [0, 5, 4, 50], 1 of "
             "118272, on an H100 (2026-12-06 run); not diagnosed, as above"
         ),
+        max_ratio=1.5,
     ),
     "test_te_kernels::test_te_softmax"
     "[scaled_masked_softmax-bcast_mask-fp16-te_shape-sk1000]": KnownFailure(
@@ -117,6 +123,7 @@ KNOWN_FAILURES = {
             "approximate division; y 1.002x its bound at 1 of 24000 elements on an H100 "
             "(2026-12-06): TE 0.177734, ref64 0.177506, composite 0.177612 (fp16 ulp 1.2e-4)"
         ),
+        max_ratio=1.5,
     ),
 }
 
@@ -145,7 +152,10 @@ _FLEX_ROUNDING = (
 )
 _FLEX_FUZZ = (
     "the fuzz's shrunk example for flex_attention: its dense backward's exact-zero and fp32 "
-    "roundings as in the deterministic cases (exp(s - lse), row term sum(out * dout))"
+    "roundings as in the deterministic cases (exp(s - lse), row term sum(out * dout)); in the "
+    "mixed draws a 1-element fp32 dsoftmax_offset of a bf16 draw, 0.5 bf16 ulp off (2.8e-4 at "
+    "-0.0693) where the composite's error is 1.2e-5: fp32 outputs are judged at fp32's floor, "
+    "and k times a lucky composite error is no bound on one element (SPEC 6's tiny tensors)"
 )
 _FLEX = {
     "test_attention::test_alibi[bshd_bshd_bshd-fp32-no_mask-h6-alibi-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
@@ -195,7 +205,7 @@ _FLEX = {
     "test_attention::test_decode[thd_bshd_bshd-fp32-padding_causal-cross1x22-diag_tl-cache+9-cpu-flex_attention]": ('dk,dq,dv', _FLEX_EXACT_ZEROS),  # noqa: E501
     # runs since max_logit is left out where flex returns none (suites/checks/coverage.py)
     "test_attention::test_broad[bshd_bshd_bshd-fp32-arbitrary-mqa-alibi-slopes_bh-learnable-win-1_-1-max_logit-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
-    "test_attention::test_broad[sbh3d-fp32-padding-alibi-win-1_-1-pad_mask-cpu-flex_attention]": ('dk,dq', _FLEX_ROUNDING),  # noqa: E501
+    "test_attention::test_broad[sbh3d-fp32-padding-alibi-win-1_-1-pad_mask-cpu-flex_attention]": ('dk,dq', _FLEX_EXACT_ZEROS),  # noqa: E501
     "test_attention::test_broad[sbhd_sb2hd-fp32-no_mask-post_scale_bias_11ss-learnable-win0_0-diag_br-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
     "test_attention::test_core[bs3hd-fp32-causal_bottom_right-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
     "test_attention::test_core[bshd_bshd_bshd-fp32-no_mask-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
@@ -203,7 +213,7 @@ _FLEX = {
     "test_attention::test_core[thd_thd_thd-fp32-padding_causal_bottom_right-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
     "test_attention::test_core[thd_thd_thd-fp32-padding_causal_bottom_right-gqa2-cpu-flex_attention]": ('dk,dq', _FLEX_ROUNDING),  # noqa: E501
     "test_attention::test_default_scale[sbhd_sbhd_sbhd-bf16-no_mask-gqa2-mla16x11-cross13x22-scale_default-cpu-flex_attention]": ('dv', _FLEX_ROUNDING),  # noqa: E501
-    "test_fuzz::test_fuzz_module[mixed-cpu-flex_attention]": ('dbias', _FLEX_FUZZ),
+    "test_fuzz::test_fuzz_module[mixed-cpu-flex_attention]": ('dsoftmax_offset', _FLEX_FUZZ),
     "test_fuzz::test_fuzz_module[sbhd-cpu-flex_attention]": ('dk,dq', _FLEX_FUZZ),
     "test_fuzz::test_fuzz_module[thd-cpu-flex_attention]": ('dk,dq', _FLEX_FUZZ),
     "test_attention::test_thd_inference[thd_bshd_bshd-fp32-padding_causal_bottom_right-gqa2-cache+9-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
@@ -218,10 +228,18 @@ _FLEX = {
     "test_attention::test_alignment[bshd_bshd_bshd-fp32-no_mask-diag_tl-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
     "test_attention::test_alignment[bshd_bshd_bshd-fp32-causal-diag_tl-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
 }
+# The ratios each kind explains (KnownFailure.max_ratio), measured on torch 2.13.0+cpu, AVX-512
+# (`python -m te_conformance run --impl flex_attention --no-compare -- -m "not gpu"`, 2026-12-07):
+# the rounding entries 1.01-1.93 where they fail (allowed: 4); the exact zeros 1.9-1220 (errors
+# of 1e-8 to 2.3e-6 against the floor 1.86e-9; allowed: 4096, 7.6e-6); the fuzz's shrunk
+# examples are of both kinds and of a 1-element fp32 dsoftmax_offset of a bf16 draw, 8.06
+# (allowed: 4096). A wrong gradient goes past them and fails.
+_FLEX_MAX_RATIO = {_FLEX_ROUNDING: 4.0, _FLEX_EXACT_ZEROS: 4096.0, _FLEX_FUZZ: 4096.0}
 # The rounding entries move with the CPU's instruction set (7 of them pass on an AVX2-only CPU,
 # the 6 above fail only there): not strict (KnownFailure.machine_dependent). The exact zeros and
 # the fuzz's shrunk examples are the same on every CPU: strict.
 KNOWN_FAILURES.update(
-    {node: KnownFailure(tensor, reason, machine_dependent=reason == _FLEX_ROUNDING)
+    {node: KnownFailure(tensor, reason, _FLEX_MAX_RATIO[reason],
+                        machine_dependent=reason == _FLEX_ROUNDING)
      for node, (tensor, reason) in _FLEX.items()}
 )  # fmt: skip

@@ -80,6 +80,7 @@ def test_known_failures_are_strict_exact_ratio_expectations():
         e = known.expectation(key)
         assert e.source == "known_failure" and e.id == key and e.reason == known.reason
         assert e.tensors == known.tensors
+        assert 1.0 < e.max_ratio == known.max_ratio  # the ratios it explains, recorded
         if known.machine_dependent:  # another implementation's rounding that moves with the CPU
             assert "flex_attention" in key and "rounding" in known.reason
             assert not e.strict and not e.exact and e.checks == ("ratio", "zero_rows")
@@ -109,6 +110,10 @@ def ratio_failure(name):
 
 
 def test_named_tensor():
+    fail_ratio("dk")
+
+
+def test_named_tensor_past_its_range():  # its entry explains ratios up to 2: this is 5e8
     fail_ratio("dk")
 
 
@@ -143,6 +148,7 @@ def test_passes():
 
 EXPECTED = {
     "test_named_tensor": "XFAIL",
+    "test_named_tensor_past_its_range": "FAILED",
     "test_named_tensor_in_ops_order": "XFAIL",
     "test_other_tensor": "FAILED",
     "test_named_and_other_tensor": "FAILED",
@@ -154,18 +160,19 @@ EXPECTED = {
 
 
 def test_only_the_named_tensors_ratio_failure_counts(tmp_path):
-    entries = {f"test_cases::{n}": ("dx" if "ops_order" in n else "dk") for n in EXPECTED}
+    entries = {f"test_cases::{n}": ("dx" if "ops_order" in n else "dk",
+                                    2.0 if "range" in n else 1e9) for n in EXPECTED}  # fmt: skip
     conftest = (
         "import json\nimport os\n\nimport pytest\n\n"
         "from te_conformance.suites.known_failures import KNOWN_FAILURES, KnownFailure\n\n"
-        f"for key, tensor in {entries!r}.items():\n"
-        "    KNOWN_FAILURES[key] = KnownFailure(tensor, 'recorded for the test')\n\n"
+        f"for key, (tensor, top) in {entries!r}.items():\n"
+        "    KNOWN_FAILURES[key] = KnownFailure(tensor, 'recorded for the test', top)\n\n"
         "pytest_plugins = ['te_conformance.suites.plugin']\n" + RECORDING
     )
     got, log = _run(tmp_path, CASES, conftest)
     assert got == EXPECTED, log[-4000:]
     assert "[XPASS(strict)] the expected failure did not occur" in log, log[-3000:]
-    assert "known failure (dk): recorded for the test" in log, log[-3000:]
+    assert "known failure (dk) [ratio <= 1e+09]: recorded for the test" in log, log[-3000:]
     recorded = json.loads((tmp_path / "recorded.json").read_text())
     (entry,) = [e for e in recorded["test_named_tensor"] if e.get("kind") == "expected"]
     assert entry["source"] == "known_failure" and entry["id"] == "test_cases::test_named_tensor"
@@ -468,6 +475,12 @@ def test_what_an_expectation_explains():
     assert all(d1.explains(f) for f in (ratio, zero, table)) and not d1.explains(nan)
     assert m1.explains(dtype) and not d1.explains(dtype) and not m1.explains(ratio)
     assert not d1.explains(AssertionError("dk: something"))
+    ranged = Expectation("known_failure", "k", "why", checks=("ratio",), tensors=("dk",),
+                         max_ratio=2.0)  # fmt: skip
+    at = lambda r: CheckError.new("ratio", "dk", "dk", ratio=r)  # noqa: E731
+    assert ranged.explains(at(1.5)) and ranged.explains(at(2.0))
+    assert not ranged.explains(at(2.5)) and not ranged.explains(at(float("nan")))
+    assert not ranged.explains(ratio)  # a ratio failure that does not tell its ratio
     plain = from_deviation(type("D", (), {"id": "x", "reason": "a reason"})(), "an_adapter")
     assert plain.source == "declared" and plain.adapter == "an_adapter"
     assert plain.explains(ratio) and plain.explains(table) and not plain.explains(nan)

@@ -18,20 +18,23 @@ class CheckError(AssertionError):
 
     kind = ""
 
-    def __init__(self, message: str = "", kind: str | None = None, tensor: str = ""):
+    def __init__(self, message: str = "", kind: str | None = None, tensor: str = "",
+                 ratio: float | None = None):  # fmt: skip
         super().__init__(message)
         if kind is not None:
             self.kind = kind
         self.tensor = tensor
+        self.ratio = ratio  # a ratio failure's error / bound (None: not a ratio, or not told)
 
     @classmethod
-    def new(cls, kind: str, tensor: str, message: str) -> CheckError:
-        """The failure of ``tensor``'s ``kind`` check (a RatioError for "ratio")."""
+    def new(cls, kind: str, tensor: str, message: str, ratio: float | None = None) -> CheckError:
+        """The failure of ``tensor``'s ``kind`` check (a RatioError for "ratio", with its
+        ``ratio``)."""
         made = RatioError if kind == "ratio" else cls
-        return made(message, kind, tensor)
+        return made(message, kind, tensor, ratio)
 
-    def __reduce__(self):  # pickles with its kind and tensor (xdist, multiprocessing)
-        return (type(self), (str(self), self.kind, self.tensor))
+    def __reduce__(self):  # pickles with its kind, tensor and ratio (xdist, multiprocessing)
+        return (type(self), (str(self), self.kind, self.tensor, self.ratio))
 
 
 class RatioError(CheckError):

@@ -143,6 +143,7 @@ def check_ratio(
             f"ratio {ratio:.2f}; worst at {at}: impl {a[worst].item():.6g}, ref64 "
             f"{r[worst].item():.6g}, ref_lp {lp[worst].item():.6g}; {n_failed} of {err.numel()} "
             f"elements over the bound, {int(bad_nan.sum())} NaN where the reference is finite",
+            ratio,
         )  # fmt: skip
     return ratio
 

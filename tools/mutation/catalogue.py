@@ -388,6 +388,14 @@ _PY = [
         (SELFTEST,), k="fp32_outputs",
     ),
     Defect(
+        "known_failure_any_ratio", "cpu", "suites/expected.py",
+        "        if self.max_ratio is not None and failure.kind == \"ratio\":\n",
+        "        if False:\n",
+        "a known failure explains any size of error on its named tensor: a gradient 10x or 1e8x "
+        "its bound passes as the known rounding",
+        ("tests/test_expected.py",),
+    ),
+    Defect(
         "impl_te_fast_without_baseline", "cpu", "reports/__main__.py",
         "    named = [] if impls == [DEFAULT_IMPL] else impls\n",
         "    named = impls\n",
