@@ -48,7 +48,14 @@ class AttnCase:
     kv_cache_extra: int = 0  # thd_2*: kv cache longer than any filled length by this much
     return_max_logit: bool = False
     default_scale: bool = False  # build with softmax_scale=None: the default dqk ** -0.5 applies
+    scale_factor: float = 1.0  # softmax_scale = scale_factor * d ** -0.5 (softmax_scale below)
     tags: tuple[str, ...] = field(default=())
+
+    @property
+    def softmax_scale(self) -> float:
+        """The softmax_scale the case is built with and judged at (with ``default_scale``, the
+        one the implementation must derive: dqk ** -0.5)."""
+        return self.scale_factor * self.d**-0.5
 
     @property
     def attention_type(self) -> str:
@@ -106,6 +113,8 @@ class AttnCase:
             parts.append("max_logit")
         if self.default_scale:
             parts.append("scale_default")
+        if self.scale_factor != 1.0:
+            parts.append(f"scale{self.scale_factor:g}")
         parts.append(self.device)
         return "-".join(parts)
 
@@ -346,6 +355,32 @@ def default_scale_cases(device: str) -> list[AttnCase]:
             case = AttnCase(layout, dtype, mask, device=device, default_scale=True)
             case = sized(case, cross=cross, gqa=gqa)
             out.append(replace(case, dv=case.d // 2 + 3))
+    return out
+
+
+# Factors of the softmax scale off the default d ** -0.5 (one under, one over 1).
+SCALE_FACTORS = (0.37, 2.9)
+
+
+def scale_cases(device: str) -> list[AttnCase]:
+    """softmax_scale other than d ** -0.5, with every bias and softmax type it meets: no bias
+    (causal), pre- and post-scale bias, ALiBi with its default and per-head slopes, and the
+    learnable sink, on bshd in the device's first dtype.
+
+    Why: every other case is built at d ** -0.5, te_fast's default, so a path that drops or
+    misplaces the scale (ALiBi's bias added before it, a bias scaled twice) passed them all; a
+    q of 0 in the literal ALiBi pins makes the scale moot there too.
+    """
+    out = []
+    kinds = (("no_bias", None, None, "vanilla"), ("pre_scale_bias", "1hss", None, "vanilla"),
+             ("post_scale_bias", "b1ss", None, "vanilla"), ("alibi", None, None, "vanilla"),
+             ("alibi", None, "h", "vanilla"), ("no_bias", None, None, "learnable"))  # fmt: skip
+    for factor in SCALE_FACTORS:
+        for bias, shape, slopes, softmax in kinds:
+            case = AttnCase("bshd_bshd_bshd", DEVICE_DTYPES[device][0], "causal", device=device,
+                            bias_type=bias, bias_shape=shape, alibi_slopes=slopes,
+                            softmax_type=softmax, scale_factor=factor)  # fmt: skip
+            out.append(sized(case))
     return out
 
 
@@ -607,5 +642,6 @@ MODULE_MATRICES = {
     "alignment": alignment_matrix,
     "decode": decode_matrix,
     "default_scale": default_scale_cases,
+    "scale": scale_cases,
     "alibi": alibi_matrix,
 }

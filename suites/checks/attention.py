@@ -204,7 +204,7 @@ def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> None:
 
 def judge_against_reference(case: AttnCase, inputs: AttnInputs, impl) -> None:
     """judge() with both references computed from the same inputs."""
-    scale = case.d**-0.5
+    scale = case.softmax_scale
     ref64 = reference(case, inputs, "float64", scale)
     ref_lp = reference(case, inputs, "same_precision", scale)
     judge(case, inputs, impl, ref64, ref_lp)
@@ -215,7 +215,7 @@ def check_case(adapter: Adapter, case: AttnCase, substitute: bool = False) -> No
     of the case as the adapter runs it (prepare_run: max_logit left out where the adapter
     returns none; with ``substitute``, declined features replaced by the nearest taken)."""
     case, _, inputs = prepare_run(adapter, case, substitute=substitute, values=True)
-    module = adapter.build(case, None if case.default_scale else case.d**-0.5)
+    module = adapter.build(case, None if case.default_scale else case.softmax_scale)
     impl = run_impl(adapter, module, case, inputs, watch=True)
     judge_with_deviations(adapter, case, inputs, impl)
 

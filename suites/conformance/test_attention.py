@@ -95,6 +95,13 @@ def test_default_scale(adapter, case):
     check_case(adapter, case)
 
 
+@pytest.mark.matrix("scale")
+def test_scale(adapter, case):
+    """softmax_scale off d ** -0.5 (x0.37, x2.9) with no bias, pre- and post-scale bias, ALiBi
+    and the learnable sink: where the scale applies, and what it does not scale."""
+    check_case(adapter, case)
+
+
 # ----------------------------------------------------------------------------- dropout
 
 DEVICE_AXIS = devices.device_params()

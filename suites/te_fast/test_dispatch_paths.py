@@ -176,7 +176,7 @@ def test_every_dispatch_path_has_a_case(device_name, monkeypatch, one_thread):
                 counts = core_settings(patch, case, split)
                 rng = torch.Generator().manual_seed(zlib.crc32(case.id.encode()))
                 inputs = make_inputs(case, device, rng)
-                module = ADAPTER.build(case, None if case.default_scale else case.d**-0.5)
+                module = ADAPTER.build(case, None if case.default_scale else case.softmax_scale)
                 run_impl(ADAPTER, module, case, inputs)
             total.update(counts)
     missing = [p for p in DISPATCH_PATHS if not total[p] and p not in DISPATCH_ELSEWHERE]

@@ -142,6 +142,14 @@ _PY = [
         (ATTENTION,), k="alibi",
     ),
     Defect(
+        "alibi_default_scale", "cpu", "te_fast/attention.py",
+        "            scores = scores * scale + self._alibi(call, q.device).to(scores.dtype)",
+        "            scores = scores * qh.shape[-1] ** -0.5 + self._alibi(call, q.device).to("
+        "scores.dtype)",
+        "the ALiBi path scales by d ** -0.5 whatever softmax_scale the module was given",
+        (ATTENTION,), k="scale or alibi",
+    ),
+    Defect(
         "alibi_ignores_alignment", "cpu", "te_fast/attention.py",
         "distance = self._band(call, device).abs().float()",
         "distance = self._band(call._replace(bottom_right=False), device).abs().float()",
