@@ -231,7 +231,7 @@ _FLEX = {
     "test_attention::test_scale[bshd_bshd_bshd-fp32-causal-alibi-slopes_h-scale2.9-cpu-flex_attention]": ('dv', _FLEX_ROUNDING),  # noqa: E501
 }
 # The ratios each kind explains (KnownFailure.max_ratio), measured on torch 2.13.0+cpu, AVX-512
-# (`python -m te_conformance run --impl flex_attention --no-compare -- -m "not gpu"`, 2026-12-07):
+# (`python -m te_conformance run --impl flex_attention --no-compare -- -m "not gpu"`):
 # the rounding entries 1.01-1.93 where they fail (allowed: 4); the exact zeros 1.9-1220 (errors
 # of 1e-8 to 2.3e-6 against the floor 1.86e-9; allowed: 4096, 7.6e-6); the fuzz's shrunk
 # examples are of both kinds and of a 1-element fp32 dsoftmax_offset of a bf16 draw, 8.06
