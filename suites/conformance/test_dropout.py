@@ -14,15 +14,16 @@ are in the baselines) count kept columns through v = 1 and check <out, dO> = <v,
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import pytest
 import torch
 
 from te_conformance.reports import record
-from te_conformance.suites import devices
+from te_conformance.suites import devices, skips
 from te_conformance.suites.adapters import ready
 from te_conformance.suites.adapters.base import Adapter
-from te_conformance.suites.cases import AttnCase
+from te_conformance.suites.cases import DTYPES, AttnCase
 
 # tiny tensors, one thread (suites/plugin.py); every case is about dropout (suites/features.py)
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.feature("dropout")]
@@ -99,6 +100,62 @@ def test_dropout_drops_probabilities(adapter, p, device_name):
     excess = (dropped - plain).sum().item()  # sum over rows of (row mass - 1)
     sd = (p / (1 - p) * (plain**2).sum().item()) ** 0.5
     assert abs(excess) < 6 * sd, f"E[out] not preserved: total excess {excess:.4f}, sd {sd:.4f}"
+
+
+@pytest.mark.per_adapter(device_name=DEVICE_AXIS)
+def test_dropout_masks_are_fresh_and_independent(adapter, device_name):
+    """Each training step draws a new mask, and each head and batch element its own: the share
+    of positions dropped in both of two masks is p^2 (within 6 binomial standard deviations),
+    where one mask reused across steps, or shared by the heads or the batch, gives p."""
+    p = 0.5
+    case = _case(device_name)
+    device = _ready(adapter, "dropout", case, dropout=p)
+    q, k, v, _ = _inputs(device)
+    module = adapter.build(case, D**-0.5, dropout=p).train()
+    first, second = (_probs(_call(adapter, module, case, q, k, v)) == 0 for _ in range(2))
+    pairs = {
+        "two consecutive steps": (first, second),
+        "heads 0 and 1 of one step": (first[:, 0], first[:, 1]),
+        "batch elements 0 and 1 of one step": (first[0], first[1]),
+    }
+    for what, (a, b) in pairs.items():
+        n = a.numel()
+        both = (a & b).double().mean().item()
+        sigma = (p * p * (1 - p * p) / n) ** 0.5
+        assert abs(both - p * p) < 6 * sigma, (
+            f"{what}: {both:.4f} of {n} positions dropped in both masks, expected p^2 = "
+            f"{p * p} +- {6 * sigma:.4f} for independent masks (p = {p}: the same mask gives p)"
+        )
+
+
+@pytest.mark.per_adapter(dtype=("bf16", "fp16"), device_name=DEVICE_AXIS)
+def test_dropout_values_in_low_precision(adapter, dtype, device_name):
+    """bf16 and fp16: every kept probability is the no-dropout one times 1/(1-p) within 4 ulps
+    of the dtype (the output's rounding and the scale's), and the dropped fraction is p within
+    6 binomial standard deviations. The fp32 test above judges values in fp32 alone; a scale
+    applied wrongly in low precision (E[out] of 0.7) passed it."""
+    p = 0.2
+    case = replace(_case(device_name), dtype=dtype)
+    device = _ready(adapter, "dropout", case, dropout=p)
+    skips.unless("declined", adapter.declines(case, ("dropout",), case.device))
+    low = DTYPES[dtype]
+    q, k, v, _ = (t.to(low) for t in _inputs(device))
+    plain = _probs(_call(adapter, adapter.build(case, D**-0.5, dropout=0.0), case, q, k, v))
+    assert plain.min() > 1e-3, "precondition: every probability well above 0"
+    dropped = _probs(_call(adapter, adapter.build(case, D**-0.5, dropout=p).train(), case, q, k, v))
+    zero = dropped == 0
+    fraction = zero.double().mean().item()
+    sigma = (p * (1 - p) / zero.numel()) ** 0.5
+    assert abs(fraction - p) < 6 * sigma, (
+        f"dropped fraction {fraction:.4f}, expected {p} +- {6 * sigma:.4f}"
+    )
+    scaled = plain[~zero] / (1 - p)
+    worst = ((dropped[~zero] - scaled).abs() / scaled).max().item()
+    tolerance = 4 * torch.finfo(low).eps
+    assert worst <= tolerance, (
+        f"{dtype}: kept probabilities are not P / (1 - p): worst relative error {worst:.3g} "
+        f"(allowed {tolerance:.3g}, 4 ulps)"
+    )
 
 
 # ----------------------------------------------------------------------------- identity

@@ -88,6 +88,34 @@ _PY = [
         ("suites/conformance/test_dropout.py", ATTENTION), k="dropout",
     ),
     Defect(
+        "dropout_mask_reused", "cpu", "te_fast/attention.py",
+        "probs = torch.nn.functional.dropout(probs, self.attention_dropout, self.training)",
+        "probs = probs * self.__dict__.setdefault(('_reused_mask', probs.shape), "
+        "torch.rand_like(probs) >= self.attention_dropout).to(probs.dtype) / ("
+        "1 - self.attention_dropout) if self.training else probs",
+        "the module draws its dropout mask once (from the dropout context's RNG) and reuses it "
+        "at every later training step",
+        ("suites/conformance/test_dropout.py", ATTENTION), k="dropout",
+    ),
+    Defect(
+        "dropout_mask_shared_by_heads", "cpu", "te_fast/attention.py",
+        "probs = torch.nn.functional.dropout(probs, self.attention_dropout, self.training)",
+        "probs = probs * (torch.rand(probs.shape[0], 1, *probs.shape[2:], device=probs.device) >= "
+        "self.attention_dropout).to(probs.dtype) / (1 - self.attention_dropout) if self.training "
+        "else probs",
+        "one dropout mask per batch element, shared by every head",
+        ("suites/conformance/test_dropout.py", ATTENTION), k="dropout",
+    ),
+    Defect(
+        "dropout_unscaled_in_low_precision", "cpu", "te_fast/attention.py",
+        "probs = torch.nn.functional.dropout(probs, self.attention_dropout, self.training)",
+        "probs = torch.nn.functional.dropout(probs, self.attention_dropout, self.training) if "
+        "probs.dtype == torch.float32 else probs * (torch.rand_like(probs) >= "
+        "self.attention_dropout) if self.training else probs",
+        "bf16/fp16 dropout drops without rescaling the kept probabilities by 1/(1-p)",
+        ("suites/conformance/test_dropout.py", ATTENTION), k="dropout",
+    ),
+    Defect(
         "alias_one_token", "cpu", "te_fast/attention.py",
         "        h, scale = call.h, call.scale\n"
         "        qh, kh, vh = _heads_first_qkv(call, q, k, v)\n",
