@@ -161,6 +161,19 @@ def test_every_outcome_that_turns_skipped_is_lost_coverage():
     assert "failed -> skipped" in dict(result.items["lost_coverage"])["t.py::test_failed"]
 
 
+def test_a_passing_case_that_now_xfails_is_lost_coverage():
+    """Issue 46, item 8: passed -> xfailed (a new known failure or declared difference that
+    excuses a case which passed) judges less than before: lost coverage, a regression that
+    --update-baseline refuses without --accept-loss, never an excused failure or news."""
+    base = report(case("t.py::test_a"), case("t.py::test_b"))
+    new = report(case("t.py::test_a", "xfailed", ratio=None), case("t.py::test_b"))
+    result = compare(new, base)
+    assert names(result, "lost_coverage") == ["t.py::test_a"]
+    assert dict(result.items["lost_coverage"])["t.py::test_a"].startswith("passed -> xfailed")
+    assert result.regressions == 1 and result.coverage_loss and result.news == 0
+    assert names(result, "excused_failures") == []
+
+
 def test_nonfinite_ratios_compare():
     nan_case = case("t.py::test_b", ratio=0.6)
     nan_case["tensors"][1]["ratio"] = "nan"

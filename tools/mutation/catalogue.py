@@ -88,6 +88,21 @@ _PY = [
         ("suites/conformance/test_dropout.py", ATTENTION), k="dropout",
     ),
     Defect(
+        "forward_default_no_mask", "cpu", "te_fast/attention.py",
+        "        attn_mask_type: str = \"causal\",\n",
+        "        attn_mask_type: str = \"no_mask\",\n",
+        "the module's forward defaults to no_mask where TE's defaults to causal",
+        ("suites/te_fast/test_module_defaults.py",),
+    ),
+    Defect(
+        "kernel_causal_max_logit_unmasked", "cpu", "te_fast/attention.py",
+        "            and not self.return_max_logit\n        )  # fmt: skip\n",
+        "        )  # fmt: skip\n",
+        "return_max_logit takes the causal kernel path, whose scores carry no mask: max_logit is "
+        "the max over the masked-out scores too",
+        (ATTENTION,), k="max_logit",
+    ),
+    Defect(
         "dropout_mask_reused", "cpu", "te_fast/attention.py",
         "probs = torch.nn.functional.dropout(probs, self.attention_dropout, self.training)",
         "probs = probs * self.__dict__.setdefault(('_reused_mask', probs.shape), "
@@ -406,6 +421,13 @@ _PY = [
         "--update-baseline takes a run that lost coverage (passed -> skipped, cases missing) "
         "without --accept-loss, and calls it PASS",
         ("tests/test_reports_gates.py",),
+    ),
+    Defect(
+        "passed_to_xfailed_not_a_loss", "cpu", "reports/compare.py",
+        "            b.outcome == \"passed\" and n.outcome == \"xfailed\"\n",
+        "            False\n",
+        "a case that passed and now xfails (newly excused) is no regression against the baseline",
+        ("tests/test_reports_unit.py",), k="lost_coverage",
     ),
     Defect(
         "fuzz_budget_not_compared", "cpu", "reports/compare.py",
