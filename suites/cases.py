@@ -384,6 +384,20 @@ def scale_cases(device: str) -> list[AttnCase]:
     return out
 
 
+def max_logit_cases(device: str) -> list[AttnCase]:
+    """return_max_logit with the causal mask types an implementation may run as a kernel (no
+    padding, bias or window: te_fast's causal softmax kernels), square and cross, every dtype
+    of the device. Why: no CPU case combined them, so a max_logit taken over the masked-out
+    scores of the kernel path went unseen on the CPU."""
+    out = []
+    for mask, cross, dtype in itertools.product(
+        ("causal", "causal_bottom_right"), (False, True), DEVICE_DTYPES[device]
+    ):
+        case = AttnCase("bshd_bshd_bshd", dtype, mask, device=device, return_max_logit=True)
+        out.append(sized(case, cross=cross))
+    return out
+
+
 def varlen_cases(device: str) -> list[AttnCase]:
     """Ragged batches: random lengths, zero-length sequences, one full sequence, trailing tokens."""
     out = []
@@ -643,5 +657,6 @@ MODULE_MATRICES = {
     "decode": decode_matrix,
     "default_scale": default_scale_cases,
     "scale": scale_cases,
+    "max_logit": max_logit_cases,
     "alibi": alibi_matrix,
 }

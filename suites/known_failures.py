@@ -229,6 +229,8 @@ _FLEX = {
     "test_attention::test_alignment[bshd_bshd_bshd-fp32-causal-diag_tl-cpu-flex_attention]": ('dk', _FLEX_ROUNDING),  # noqa: E501
     # the softmax-scale matrix (x2.9, sharper rows), AVX-512: dv 1.14 at 1 of 1664 elements
     "test_attention::test_scale[bshd_bshd_bshd-fp32-causal-alibi-slopes_h-scale2.9-cpu-flex_attention]": ('dv', _FLEX_ROUNDING),  # noqa: E501
+    # the max_logit matrix, AVX-512: dq 1.01 at 1 of 1664 elements (its max_logit passes)
+    "test_attention::test_max_logit[bshd_bshd_bshd-fp32-causal_bottom_right-cross13x22-max_logit-cpu-flex_attention]": ('dq', _FLEX_ROUNDING),  # noqa: E501
 }
 # The ratios each kind explains (KnownFailure.max_ratio), measured on torch 2.13.0+cpu, AVX-512
 # (`python -m te_conformance run --impl flex_attention --no-compare -- -m "not gpu"`):

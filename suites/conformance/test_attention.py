@@ -102,6 +102,13 @@ def test_scale(adapter, case):
     check_case(adapter, case)
 
 
+@pytest.mark.matrix("max_logit")
+def test_max_logit(adapter, case):
+    """return_max_logit with the causal mask types (the kernel path of te_fast), square and
+    cross: max_logit is the max over the kept scores alone."""
+    check_case(adapter, case)
+
+
 # ----------------------------------------------------------------------------- dropout
 
 DEVICE_AXIS = devices.device_params()
