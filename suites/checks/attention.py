@@ -102,6 +102,18 @@ def reference(case: AttnCase, inputs: AttnInputs, compute: str, scale: float):
     )  # fmt: skip
 
 
+def _tensors_of(values) -> list[torch.Tensor]:
+    """The tensors among call arguments, those inside tuples and lists too (a padding mask given
+    as (q_mask, kv_mask))."""
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            found += _tensors_of(value)
+    return found
+
+
 def run_impl(adapter: Adapter, module, case: AttnCase, inputs: AttnInputs, watch=None):
     """(out, max_logit, grads by leaf name) of one forward and backward through ``module``.
 
@@ -114,8 +126,8 @@ def run_impl(adapter: Adapter, module, case: AttnCase, inputs: AttnInputs, watch
     kwargs = {**inputs.kwargs, **extra}
     watched = [*leaves.values(), inputs.grad_out]
     watched += [
-        t for t in kwargs.values()
-        if isinstance(t, torch.Tensor) and all(t is not w for w in watched)
+        t for t in _tensors_of(kwargs.values())
+        if all(t is not w for w in watched)
     ]  # fmt: skip
     before = contracts.snapshot(watched) if watch else None
     out, max_logit, stand_in = adapter.call(module, case, q, k, v, kwargs)

@@ -246,6 +246,72 @@ def test_fp32_outputs_of_a_bf16_case_get_fp32s_floor(tensor):
             judge(case, inputs, bad, ref64, ref_lp)
 
 
+def _judged_case(**fields):
+    """A small CPU case with its inputs and both references (te_ref)."""
+    from te_conformance.suites.cases import AttnCase, make_inputs
+    from te_conformance.suites.checks.attention import reference
+
+    shape = {"mask_type": "causal", "b": 1, "sq": 16, "skv": 16, "h": 2, "hg": 2, "d": 16,
+             "dv": 16, **fields}  # fmt: skip
+    case = AttnCase("bshd_bshd_bshd", "fp32", device="cpu", **shape)
+    inputs = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(3))
+    refs = [reference(case, inputs, how, case.softmax_scale)
+            for how in ("float64", "same_precision")]  # fmt: skip
+    return case, inputs, *refs
+
+
+def test_judge_applies_k_forward_and_k_backward():
+    """SPEC §6's k: 2 for the output, 3 for the gradients, as judge() applies them. An output
+    off by 2.5x the same-precision composite's error fails where 1.5x passes; a gradient off by
+    3.5x fails where 2.5x passes (the floor, eps/64, is far below those errors)."""
+    from te_conformance.suites.checks.attention import judge
+    from te_conformance.suites.checks.numerics import K_BACKWARD, K_FORWARD
+
+    _record("k_factors", "cpu")
+    assert (K_FORWARD, K_BACKWARD) == (2.0, 3.0)  # SPEC §6
+    case, inputs, ref64, ref_lp = _judged_case()
+
+    def off(times, which):  # every tensor at 1x its composite's error, `which` at `times`
+        scale = lambda name: times if name == which else 1.0  # noqa: E731
+        out = ref64[0] + scale("out") * (ref_lp[0] - ref64[0])
+        grads = {n: g + scale(n) * (ref_lp[2][n] - g) for n, g in ref64[2].items()}
+        return out.float(), None, {n: g.float() for n, g in grads.items()}
+
+    with record.suspended():
+        judge(case, inputs, off(1.5, "out"), ref64, ref_lp)
+        judge(case, inputs, off(2.5, "v"), ref64, ref_lp)
+        with pytest.raises(AssertionError, match="out: max"):
+            judge(case, inputs, off(2.5, "out"), ref64, ref_lp)
+        with pytest.raises(AssertionError, match="dv: max"):
+            judge(case, inputs, off(3.5, "v"), ref64, ref_lp)
+
+
+def test_the_input_watch_sees_a_write_to_a_padding_mask_pair():
+    """run_impl(watch=True) holds every tensor of the call, those inside a (q_mask, kv_mask)
+    pair too: an implementation that writes into the kv mask fails as an input written."""
+    from te_conformance.suites.adapters import ADAPTERS
+    from te_conformance.suites.checks.attention import run_impl
+
+    _record("writes_mask_pair", "cpu")
+    case, inputs, _, _ = _judged_case(mask_type="padding", padding_from="mask", skv=12)
+    mask = inputs.kwargs["attention_mask"]
+    assert isinstance(mask, tuple), "precondition: a cross padding mask is a (q, kv) pair"
+    te_fast = ADAPTERS["te_fast"]
+
+    class WritesItsMask:
+        name = "writes_its_mask"
+
+        def call(self, module, case, q, k, v, kwargs):
+            result = te_fast.call(module, case, q, k, v, kwargs)
+            kwargs["attention_mask"][1].view(-1)[0] ^= True  # after use: the values still pass
+            return result
+
+    module = te_fast.build(case, case.softmax_scale)
+    run_impl(te_fast, module, case, inputs, watch=True)  # the honest call passes the watch
+    with pytest.raises(AssertionError, match="an input was written"):
+        run_impl(WritesItsMask(), module, case, inputs, watch=True)
+
+
 # ----------------------------------------------------------------------------- fuzz checks
 # The property-based suite (suites/conformance/test_fuzz.py) run on deliberately broken stand-ins
 # (suites/checks/broken_ops.py): each must be found, shrunk and printed with a reproducer.
