@@ -186,8 +186,9 @@ class Float8Tensor(torch.Tensor):
         kwargs = kwargs or {}
         if func in _PASSTHROUGH and isinstance(args[0], Float8Tensor):
             src = args[0]
-            data = src._data.clone() if func is torch.ops.aten.clone.default else src._data
-            return Float8Tensor(data, src._scale_inv, src.dtype)
+            if func is torch.ops.aten.clone.default:  # a tensor of its own: data and scale
+                return Float8Tensor(src._data.clone(), src._scale_inv.clone(), src.dtype)
+            return Float8Tensor(src._data, src._scale_inv, src.dtype)
 
         def unwrap(t):
             return t.dequantize() if isinstance(t, Float8Tensor) else t

@@ -162,6 +162,13 @@ def test_fp8_output_is_float8tensor(layout, device_name):
     assert isinstance(out.detach(), Float8Tensor)
     (g,) = torch.autograd.grad(out.float().sum(), [leaves[next(iter(leaves))]])
     assert torch.isfinite(g).all() and g.abs().sum() > 0
+    # clone() is a Float8Tensor of its own: a later in-place update of the original's scale
+    # (a recipe's step) or data leaves the copy as it was
+    copy = out.detach().clone()
+    assert isinstance(copy, Float8Tensor) and torch.equal(copy.dequantize(), ref)
+    out.scale_inv.mul_(2)
+    out._data.view(torch.uint8).zero_()
+    assert torch.equal(copy.dequantize(), ref), "clone() shares its scale_inv or data"
 
 
 @pytest.mark.parametrize("device_name", devices.device_params())
