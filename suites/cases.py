@@ -365,19 +365,25 @@ SCALE_FACTORS = (0.37, 2.9)
 def scale_cases(device: str) -> list[AttnCase]:
     """softmax_scale other than d ** -0.5, with every bias and softmax type it meets: no bias
     (causal), pre- and post-scale bias, ALiBi with its default and per-head slopes, and the
-    learnable sink, on bshd in the device's first dtype.
+    sinks (learnable, causal and unmasked; off-by-one unmasked), on bshd in the device's first
+    dtype. Every other unmasked sink case carries a post-scale bias, after which the softmax's
+    own scale is 1.
 
     Why: every other case is built at d ** -0.5, te_fast's default, so a path that drops or
     misplaces the scale (ALiBi's bias added before it, a bias scaled twice) passed them all; a
     q of 0 in the literal ALiBi pins makes the scale moot there too.
     """
     out = []
-    kinds = (("no_bias", None, None, "vanilla"), ("pre_scale_bias", "1hss", None, "vanilla"),
-             ("post_scale_bias", "b1ss", None, "vanilla"), ("alibi", None, None, "vanilla"),
-             ("alibi", None, "h", "vanilla"), ("no_bias", None, None, "learnable"))  # fmt: skip
+    kinds = (("causal", "no_bias", None, None, "vanilla"),
+             ("causal", "pre_scale_bias", "1hss", None, "vanilla"),
+             ("causal", "post_scale_bias", "b1ss", None, "vanilla"),
+             ("causal", "alibi", None, None, "vanilla"), ("causal", "alibi", None, "h", "vanilla"),
+             ("causal", "no_bias", None, None, "learnable"),
+             ("no_mask", "no_bias", None, None, "learnable"),
+             ("no_mask", "no_bias", None, None, "off-by-one"))  # fmt: skip
     for factor in SCALE_FACTORS:
-        for bias, shape, slopes, softmax in kinds:
-            case = AttnCase("bshd_bshd_bshd", DEVICE_DTYPES[device][0], "causal", device=device,
+        for mask, bias, shape, slopes, softmax in kinds:
+            case = AttnCase("bshd_bshd_bshd", DEVICE_DTYPES[device][0], mask, device=device,
                             bias_type=bias, bias_shape=shape, alibi_slopes=slopes,
                             softmax_type=softmax, scale_factor=factor)  # fmt: skip
             out.append(sized(case))

@@ -88,6 +88,21 @@ _PY = [
         ("suites/conformance/test_dropout.py", ATTENTION), k="dropout",
     ),
     Defect(
+        "float8_clone_shares_scale", "cpu", "te_fast/fp8.py",
+        "Float8Tensor(src._data.clone(), src._scale_inv.clone(), src.dtype)",
+        "Float8Tensor(src._data.clone(), src._scale_inv, src.dtype)",
+        "Float8Tensor.clone() shares the original's scale_inv: a later scale update changes "
+        "the copy",
+        ("suites/te_fast/test_fp8_api.py",), k="float8tensor",
+    ),
+    Defect(
+        "sink_unmasked_scaled_twice", "cpu", "te_fast/attention.py",
+        "            probs = _eager_softmax.softmax(\"scaled_softmax_fwd\", ext, None, 1.0)",
+        "            probs = _eager_softmax.softmax(\"scaled_softmax_fwd\", ext, None, scale)",
+        "the unmasked sink softmax applies the scale a second time (to the sink logit too)",
+        (ATTENTION,), k="learnable or off-by-one",
+    ),
+    Defect(
         "forward_default_no_mask", "cpu", "te_fast/attention.py",
         "        attn_mask_type: str = \"causal\",\n",
         "        attn_mask_type: str = \"no_mask\",\n",
