@@ -18,7 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "docs" / "SPEC.md"
-SHARED_SPEC = ROOT.parent / "shared" / "SPEC.md"
 README_MAX_LINES = 250
 
 SPEC_REF = re.compile(r"SPEC §(\d+)(?:\.(\d+))?")
@@ -74,83 +73,6 @@ def spec_references(text: str) -> tuple[list[str], int]:
     """The "N" / "N.M" of each "SPEC §" reference, and how many "SPEC §" signs have no number."""
     refs = [m.group(1) + (f".{m.group(2)}" if m.group(2) else "") for m in SPEC_REF.finditer(text)]
     return refs, len(SPEC_SIGN.findall(text)) - len(refs)
-
-
-# A marked amendment of docs/SPEC.md: whole lines, `<!-- amendment §N begin -->` to
-# `<!-- amendment §N end -->`, inside section N. Everything outside such blocks is the shared copy
-# byte for byte.
-AMENDMENT = re.compile(r"<!-- amendment §(\d+) (begin|end) -->")
-
-
-def without_amendments(text: str) -> str:
-    """``text`` with each marked amendment block (its marker lines included) taken out. Raises
-    ValueError for a marker that is not a line of its own, an unmatched or nested begin or end,
-    an empty block, or a block outside the section its markers name."""
-    kept: list[str] = []
-    inside = None  # the section number of the open block
-    body = 0
-    section = None
-    for line in text.splitlines(keepends=True):
-        if m := SECTION.match(line):
-            section = m.group(1)
-        m = AMENDMENT.search(line)
-        if m is None:
-            if inside is None:
-                kept.append(line)
-            else:
-                body += bool(line.strip())
-            continue
-        if AMENDMENT.fullmatch(line.rstrip("\n")) is None:
-            raise ValueError(f"an amendment marker must be a line of its own: {line!r}")
-        number, edge = m.groups()
-        if number != section:
-            raise ValueError(f"amendment §{number} {edge} marker in section {section}")
-        if edge == "begin":
-            if inside is not None:
-                raise ValueError(f"amendment §{number} begins inside another")
-            inside, body = number, 0
-        else:
-            if inside != number:
-                raise ValueError(f"amendment §{number} ends without its begin")
-            if not body:
-                raise ValueError(f"amendment §{number} is empty")
-            inside = None
-    if inside is not None:
-        raise ValueError(f"amendment §{inside} has no end marker")
-    return "".join(kept)
-
-
-def test_spec_matches_the_shared_copy():
-    """docs/SPEC.md is the shared SPEC byte for byte, but for its marked amendment blocks."""
-    if not SHARED_SPEC.is_file():
-        pytest.skip(f"no shared SPEC beside the repository ({SHARED_SPEC}) to compare with")
-    text = SPEC.read_bytes().decode()
-    assert without_amendments(text).encode() == SHARED_SPEC.read_bytes(), (
-        f"docs/SPEC.md differs from {SHARED_SPEC} outside its marked amendment blocks "
-        "(<!-- amendment §N begin --> ... <!-- amendment §N end -->): copy the shared text over, "
-        "or carry the change back to the shared copy; outside the blocks the two are kept in step"
-    )
-
-
-def test_amendment_blocks_are_read_honestly():
-    """Only a well-formed block in its own section is taken out; a word changed outside one, a
-    marker shared with text, a block in the wrong section, an open or empty one, all count."""
-    base = "# T\n\n## 6. Judged\n\nRule.\n\n## 7. Next\n\nText.\n"
-    block = "<!-- amendment §6 begin -->\n\nA floor.\n<!-- amendment §6 end -->\n"
-    amended = base.replace("Rule.\n", "Rule.\n" + block)
-    assert without_amendments(amended) == base
-    assert without_amendments(amended.replace("Text.", "Test.")) != base
-    assert without_amendments(amended.replace("A floor.", "Another floor.")) == base
-    for bad in (
-        amended.replace("<!-- amendment §6 end -->\n", ""),  # never ends
-        amended.replace("<!-- amendment §6 begin -->\n", ""),  # ends without a begin
-        amended.replace("\nA floor.\n", ""),  # empty
-        amended.replace("§6 begin", "§7 begin").replace("§6 end", "§7 end"),  # wrong section
-        amended.replace("Rule.\n<!--", "Rule. <!--"),  # marker inside a line of text
-        amended.replace("A floor.\n", "A floor.\n" + block),  # nested
-    ):
-        with pytest.raises(ValueError):
-            without_amendments(bad)
 
 
 def test_spec_anchors_are_read_honestly():

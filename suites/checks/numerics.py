@@ -19,14 +19,14 @@ from te_conformance.suites.checks.failures import (  # noqa: F401  (re-exported)
 K_FORWARD = 2.0
 K_BACKWARD = 3.0
 
-# SPEC §6's amendment (docs/SPEC.md §6, "Tiny tensors"): a tensor of fewer than TINY_ELEMENTS
+# SPEC §6's tiny-tensor rule (docs/SPEC.md §6, "Tiny tensors"): a tensor of fewer than TINY_ELEMENTS
 # elements has the floor TINY_ULPS ulps of its largest finite |ref64|, where that is more than
 # the per-dtype floor. There the same-precision reference's worst error is a maximum over a
 # handful of elements, often well under one rounding, and k times it is no bound on a correct
 # result. Measured on the CPU module fuzz (tools/fuzz_floor_measure.py; 1642 draws at the ci seed,
 # 3343 at random seeds): tensors of fewer than 64 elements failed the per-dtype floor in 0.5-2% of
 # draws, needing up to 5.4 ulps (one 1-element sum with cancellation 22); tensors of 64 or more in
-# 0.2-0.7%, needing at most 1.71 ulps: those the amendment leaves alone, and they still fail.
+# 0.2-0.7%, needing at most 1.71 ulps: those the rule leaves alone, and they still fail.
 TINY_ELEMENTS = 64
 TINY_ULPS = 8
 
