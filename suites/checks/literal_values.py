@@ -345,7 +345,7 @@ def judge_pin(adapter, case: AttnCase, q, k, v, kwargs, scale, probs64, max_logi
             checks.append(("max_logit", max_logit, max_logit64, ref_lp[1]))
     for name, impl, lit, lp in checks:
         try:
-            check_ratio(name, impl, lit, lp, K_FORWARD, lp.dtype)  # max_logit's: fp32
+            check_ratio(name, impl, lit, lp, K_FORWARD, lp.dtype)  # max_logit: fp32
         except AssertionError as e:
             failures.append(e)
     return failures

@@ -470,11 +470,11 @@ _PY = [
     ),
     Defect(
         "fp32_tensors_at_the_case_floor", "cpu", "suites/checks/attention.py",
-        "            check_ratio(name, a, r, lp, k, lp.dtype)",
-        "            check_ratio(name, a, r, lp, k, DTYPES[case.dtype])",
-        "max_logit and dsoftmax_offset (fp32) get the floor of a bf16 case's dtype: 8 bf16 "
-        "ulps, so a max_logit 2% high passes",
-        (SELFTEST,), k="fp32_outputs",
+        "torch.float32 if name == \"max_logit\" else dtype)",
+        "dtype)",
+        "max_logit (fp32) gets the floor of a bf16 case's dtype: 8 bf16 ulps, so a max_logit 2% "
+        "high passes",
+        (SELFTEST,), k="fp32s_floor",
     ),
     Defect(
         "known_failure_any_ratio", "cpu", "suites/expected.py",
