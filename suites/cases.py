@@ -393,8 +393,8 @@ def scale_cases(device: str) -> list[AttnCase]:
 def max_logit_cases(device: str) -> list[AttnCase]:
     """return_max_logit with the causal mask types an implementation may run as a kernel (no
     padding, bias or window: te_fast's causal softmax kernels), square and cross, every dtype
-    of the device. Why: no CPU case combined them, so a max_logit taken over the masked-out
-    scores of the kernel path went unseen on the CPU."""
+    of the device. Why: on the CPU only one compiled case combined them (test_compile's), so a
+    max_logit taken over the masked-out scores of the kernel path had one eager-less witness."""
     out = []
     for mask, cross, dtype in itertools.product(
         ("causal", "causal_bottom_right"), (False, True), DEVICE_DTYPES[device]

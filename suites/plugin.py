@@ -203,9 +203,10 @@ def check_rooms(items) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The rooms (check_rooms) and the expected
-    failures known at collection (suites/expected.py): suites/known_failures.py by case key and
-    the differences the item's adapter declares (Adapter.differences)."""
+    """The rooms (check_rooms) and the expected failures known at collection
+    (suites/expected.py): suites/known_failures.py by case key and the differences the item's
+    adapter declares (Adapter.differences). --impl's selection is pytest's own -m
+    (select_conformance)."""
     from te_conformance.suites.known_failures import KNOWN_FAILURES
 
     check_rooms(items)
