@@ -81,7 +81,7 @@ def _capture_in_subprocess(op: str) -> str:
     """Run the capture check on a broken op in a fresh process: a capture that a broken op
     breaks leaves CUDA's RNG in capture mode for the rest of the process (seen on an H200:
     later tests in the same xdist worker failed with "Offset increment outside graph capture")."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the checkout: suites/judge/ -> ..
     result = subprocess.run(
         [sys.executable, "-c", _CAPTURE_PROGRAM.format(op=op)],
         cwd=root, capture_output=True, text=True, timeout=300,
