@@ -94,7 +94,6 @@ def check_ratio(
     ref_lp: torch.Tensor,
     k: float,
     dtype: torch.dtype | None = None,
-    ulps: int = TINY_ULPS,
 ) -> float:
     """Assert max|impl - ref64| <= k * max|ref_lp - ref64| + floor(dtype, ref64); returns the
     ratio (the floor is larger for a tensor of fewer than TINY_ELEMENTS elements: SPEC §6).
@@ -127,6 +126,7 @@ def check_ratio(
             f"{list(at)}: ref_lp {lp[at].item():.6g}, ref64 {r[at].item():.6g}): SPEC 6's bound "
             "would be infinite, so this case cannot be judged by the rule",
         )
+    ulps = MAX_LOGIT_ULPS if name == "max_logit" else TINY_ULPS  # SPEC §6's tiny-tensor term
     lowest = floor(dtype, r, ulps)
     bound = k * ref_err_max + lowest
     ratio = max_err / bound

@@ -218,21 +218,30 @@ def test_ratio_rule_tiny_tensor_floor(dtype):
             check_ratio("y", zeros + eps, zeros, zeros.to(dtype), 2.0, dtype)
 
 
+def _judged_case(**fields):
+    """A small CPU case with its inputs and both references (te_ref)."""
+    from te_conformance.suites.cases import AttnCase, make_inputs
+    from te_conformance.suites.checks.attention import reference
+
+    shape = {"dtype": "fp32", "mask_type": "causal", "b": 1, "sq": 16, "skv": 16, "h": 2,
+             "hg": 2, "d": 16, "dv": 16, **fields}  # fmt: skip
+    case = AttnCase("bshd_bshd_bshd", device="cpu", **shape)
+    inputs = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(3))
+    refs = [reference(case, inputs, how, case.softmax_scale)
+            for how in ("float64", "same_precision")]  # fmt: skip
+    return case, inputs, *refs
+
+
 def test_max_logit_is_judged_by_one_ulp_of_the_case_dtype():
     """SPEC §6: max_logit's tiny-tensor term is 1 ulp of the case's dtype, not 8. With 8 bf16
     ulps (0.13-0.15 for a max_logit of 4-8) a max_logit 2% high passed; with fp32's floor,
     te_fast's own CUDA max_logit (0.15-0.73 ulp off) failed. A max_logit 3/4 of a bf16 ulp off
     passes; one 2% high fails."""
-    from te_conformance.suites.cases import AttnCase, make_inputs
-    from te_conformance.suites.checks.attention import judge, reference
+    from te_conformance.suites.checks.attention import judge
     from te_conformance.suites.checks.numerics import ulp
 
     _record("max_logit_one_ulp", "cpu")
-    case = AttnCase("bshd_bshd_bshd", "bf16", "causal", device="cpu", b=1, sq=16, skv=16, h=2,
-                    hg=2, d=16, dv=16, return_max_logit=True)  # fmt: skip
-    inputs = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(3))
-    ref64 = reference(case, inputs, "float64", case.d**-0.5)
-    ref_lp = reference(case, inputs, "same_precision", case.d**-0.5)
+    case, inputs, ref64, ref_lp = _judged_case(dtype="bf16", return_max_logit=True)
     out64, ml64, grads64 = ref64
     good = (out64.to(torch.bfloat16), ml64.float(),
             {n: g.to(ref_lp[2][n].dtype) for n, g in grads64.items()})  # fmt: skip
@@ -243,20 +252,6 @@ def test_max_logit_is_judged_by_one_ulp_of_the_case_dtype():
         judge(case, inputs, (good[0], near.float(), good[2]), ref64, ref_lp)
         with pytest.raises(AssertionError, match="max_logit: max"):
             judge(case, inputs, (good[0], good[1] * 1.02, good[2]), ref64, ref_lp)
-
-
-def _judged_case(**fields):
-    """A small CPU case with its inputs and both references (te_ref)."""
-    from te_conformance.suites.cases import AttnCase, make_inputs
-    from te_conformance.suites.checks.attention import reference
-
-    shape = {"mask_type": "causal", "b": 1, "sq": 16, "skv": 16, "h": 2, "hg": 2, "d": 16,
-             "dv": 16, **fields}  # fmt: skip
-    case = AttnCase("bshd_bshd_bshd", "fp32", device="cpu", **shape)
-    inputs = make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(3))
-    refs = [reference(case, inputs, how, case.softmax_scale)
-            for how in ("float64", "same_precision")]  # fmt: skip
-    return case, inputs, *refs
 
 
 def test_judge_applies_k_forward_and_k_backward():

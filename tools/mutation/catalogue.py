@@ -469,9 +469,9 @@ _PY = [
         (SELFTEST,), k="k_forward",
     ),
     Defect(
-        "max_logit_at_eight_ulps", "cpu", "suites/checks/attention.py",
-        "            ulps = MAX_LOGIT_ULPS if name == \"max_logit\" else TINY_ULPS\n",
-        "            ulps = TINY_ULPS\n",
+        "max_logit_at_eight_ulps", "cpu", "suites/checks/numerics.py",
+        "    ulps = MAX_LOGIT_ULPS if name == \"max_logit\" else TINY_ULPS",
+        "    ulps = TINY_ULPS",
         "max_logit gets the tiny-tensor floor of 8 ulps of the case's dtype: a bf16 max_logit "
         "2% high passes",
         (SELFTEST,), k="max_logit_is_judged",
