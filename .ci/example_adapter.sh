@@ -72,9 +72,13 @@ declared = {
         "test_alignment[bshd_bshd_bshd-fp32-no_mask-one_token-cpu-hf_sdpa]": "flash-attention",
     },
 }.get(example, {})
+# the flash kernel's one-key exact zeros sit at the bound's edge (a non-strict difference): an
+# XPASS is recorded with its declaration too
+loose = {"flash-attention"}
 for name, reason in declared.items():
     case = cases[f"suites/conformance/test_attention.py::{name}"]
-    assert case["outcome"] == "xfailed", (name, case["outcome"])
+    allowed = ("xfailed", "xpassed") if reason in loose else ("xfailed",)
+    assert case["outcome"] in allowed, (name, case["outcome"])
     mine = [e for e in case["expected"] if e.get("source") == "declared"]
     assert any(e["adapter"] == example and reason in e["reason"]
                and e["defined_at"].startswith(f"{example}/adapter.py:") for e in mine), (name, case)

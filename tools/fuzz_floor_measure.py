@@ -2,9 +2,12 @@
 
 A pytest plugin. Each error-ratio check of the fuzz (suites/checks/attention.judge and the op
 checks of suites/fuzz/checks.py) is recorded -- tensor, elements, dtype, error, same-precision
-error, largest finite |ref64|, and the verdicts under the per-dtype floor alone and under the
-floor check_ratio applies -- and a ratio failure is NOT raised, so that hypothesis draws every
-example (no shrinking). Any other failure (exact zeros, NaN, a contract) still fails the test.
+error, each randomly rounded composite's error, largest finite |ref64|, and the verdicts under
+four rules: "base" (the composite alone, the per-dtype floor alone), "composite" (the composite
+alone with the floor check_ratio applies: the rule before the rounded composites),
+"rounded_base" (the rounded composites with the per-dtype floor alone) and "applied"
+(check_ratio's own) -- and a ratio failure is NOT raised, so that hypothesis draws every example
+(no shrinking). Any other failure (exact zeros, NaN, a contract) still fails the test.
 
     TE_FUZZ_EXAMPLES=300 TE_FLOOR_MEASURE=/tmp/floor python -m pytest \\
         suites/conformance/test_fuzz.py -m "not gpu" -n 2 -p tools.fuzz_floor_measure \\
@@ -41,28 +44,36 @@ def _out_path() -> str | None:
 def _recording(real_check_ratio):
     from te_conformance.suites.checks import numerics as nm
 
-    def check_ratio(name, impl, ref64, ref_lp, k, dtype=None):
+    def check_ratio(name, impl, ref64, ref_lp, k, dtype=None, rounded=()):
         dtype = dtype or impl.dtype
         a, r, lp = (t.detach().to(torch.float64) for t in (impl, ref64, ref_lp))
         err = nm._abs_diff(a, r)
         ref_err = nm._abs_diff(lp, r)
         max_err = err.max().item() if err.numel() else 0.0
         ref_max = ref_err.max().item() if ref_err.numel() else 0.0
+        rounded_errs = [
+            e.max().item() if e.numel() else 0.0
+            for e in (nm._abs_diff(o.detach().to(torch.float64), r) for o in rounded)
+        ]  # fmt: skip
         finite = r[torch.isfinite(r)].abs()
         top = finite.max().item() if finite.numel() else 0.0
         base = nm.floor(dtype)
         need = max_err - k * ref_max
+        ulps = nm.MAX_LOGIT_ULPS if name == "max_logit" else nm.TINY_ULPS
+        applied = nm.floor(dtype, r, ulps)
         row = {
             "test": _state["test"], "example": _state["example"], "tensor": name,
             "n": r.numel(), "dtype": str(dtype).removeprefix("torch."), "k": k,
-            "err": max_err, "ref_err": ref_max, "top": top,
+            "err": max_err, "ref_err": ref_max, "rounded_errs": rounded_errs, "top": top,
+            "floor": applied,
             "fail_base": bool(max_err > k * ref_max + base),
+            "fail_composite": bool(max_err > k * ref_max + applied),
             "ratio_base": max_err / (k * ref_max + base) if ref_max != float("inf") else None,
             "ulps_needed": need / nm.ulp(dtype, top) if top > 0 else None,
             "ulps_needed_rel": need / rel if (rel := torch.finfo(dtype).eps * top) > 0 else None,
         }  # fmt: skip
         try:
-            ratio = real_check_ratio(name, impl, ref64, ref_lp, k, dtype)
+            ratio = real_check_ratio(name, impl, ref64, ref_lp, k, dtype, rounded)
             row["fail_applied"] = False
         except nm.RatioError as e:
             ratio = float("nan")
@@ -106,15 +117,26 @@ BUCKETS = ((0, 8), (8, 16), (16, 32), (32, 64), (64, 65), (65, 128), (128, 256),
            (1024, 1 << 62))  # fmt: skip
 
 
+def _offline_verdicts(r: dict) -> None:
+    """The rules the rows let us re-judge offline: ``rounded_base``, the randomly rounded
+    composites with the per-dtype floor alone (no tiny-tensor term)."""
+    if "rounded_errs" in r and r["ref_err"] != float("inf"):
+        e = max([r["ref_err"], *r["rounded_errs"]])
+        base = torch.finfo(getattr(torch, r["dtype"])).eps / 64
+        r["fail_rounded_base"] = bool(r["err"] > r["k"] * e + base)
+
+
 def summarize(rows: list[dict]) -> str:
     lines = []
+    for r in rows:
+        _offline_verdicts(r)
     kinds = defaultdict(list)
     for r in rows:
         kinds["module" if "module" in r["test"] else "ops"].append(r)
     for kind, rs in sorted(kinds.items()):
         examples = {(r["test"], r["example"]) for r in rs}
-        for rule in ("base", "applied"):
-            bad = [r for r in rs if r[f"fail_{rule}"]]
+        for rule in ("base", "composite", "rounded_base", "applied"):
+            bad = [r for r in rs if r.get(f"fail_{rule}")]
             bad_ex = {(r["test"], r["example"]) for r in bad}
             lines.append(
                 f"{kind} [{rule} floor]: {len(bad_ex)} of {len(examples)} examples fail, "

@@ -20,8 +20,11 @@ from te_conformance.suites.checks.numerics import (
     check_ratio,
     raise_failures,
 )
+from te_conformance.suites.checks.rounding import RandomRounding
 
 GRAD_NAMES = {"bias": "dbias", "offset": "dsoftmax_offset"}
+# randomly rounded composites per judged case (SPEC §6; suites/checks/rounding.py)
+ROUNDED_RUNS = 3
 
 
 def prepare(
@@ -68,12 +71,21 @@ def _leaves_like(inputs: AttnInputs, dtype_of) -> dict[str, torch.Tensor]:
     return {n: t.detach().to(dtype_of(n, t)).requires_grad_() for n, t in inputs.leaves.items()}
 
 
-def reference(case: AttnCase, inputs: AttnInputs, compute: str, scale: float):
+def reference(
+    case: AttnCase, inputs: AttnInputs, compute: str, scale: float, rounding_seed: int | None = None
+):
     """(out, max_logit, grads by leaf name) of te_ref (the TeRef adapter) from the same inputs,
     on the inputs' device: ``compute`` "float64" (ref64) or "same_precision" (ref_lp, in the
     case's dtype). ref64 is computed on devices.reference_device (CUDA where there is one, for
     CPU cases too) and comes back; ref_lp runs where the case does, as its rounding is the
-    bound's (SPEC §6). max_logit is computed whether or not the case asks for it."""
+    bound's (SPEC §6). max_logit is computed whether or not the case asks for it. With
+    ``rounding_seed``, a float64 run is a randomly rounded composite (suites/checks/rounding.py:
+    each rounding operation's result moved within half an ulp of the case's dtype)."""
+    if rounding_seed is not None:
+        if compute != "float64":
+            raise ValueError("reference: random rounding perturbs the float64 computation")
+        with RandomRounding(DTYPES[case.dtype], rounding_seed):
+            return reference(case, inputs, compute, scale)
     ref = TeRef(compute)
     compute_dtype = ref.compute_dtype(case)
 
@@ -141,23 +153,30 @@ def run_impl(adapter: Adapter, module, case: AttnCase, inputs: AttnInputs, watch
     return out.detach().clone(), clone, {n: g.clone() for n, g in zip(names, grads)}
 
 
-def compared_tensors(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> list[tuple]:
-    """(name, impl, ref64, ref_lp, k) of every tensor the error-ratio rule judges: the output,
-    dq/dk/dv, dbias and dsoftmax_offset where present, max_logit where asked for."""
-    out, max_logit, grads = impl
-    out64, ml64, grads64 = ref64
-    out_lp, ml_lp, grads_lp = ref_lp
-    tensors = [("out", out, out64, out_lp, K_FORWARD)]
-    split = [inputs.views(g, case)[:3] for g in (grads, grads64, grads_lp)]
-    for i, name in enumerate(("dq", "dk", "dv")):
-        tensors.append((name, split[0][i], split[1][i], split[2][i], K_BACKWARD))
-    for leaf in ("bias", "offset"):
-        if leaf in grads:
-            name = GRAD_NAMES[leaf]
-            tensors.append((name, grads[leaf], grads64[leaf], grads_lp[leaf], K_BACKWARD))
-    if case.return_max_logit:
-        tensors.append(("max_logit", max_logit, ml64, ml_lp, K_FORWARD))
-    return tensors
+def _named(case: AttnCase, inputs: AttnInputs, result) -> dict[str, torch.Tensor]:
+    """{tensor name: tensor} of one (out, max_logit, grads) result: out, dq/dk/dv, dbias and
+    dsoftmax_offset where its grads have them, max_logit where present."""
+    out, max_logit, grads = result
+    named = {"out": out, **dict(zip(("dq", "dk", "dv"), inputs.views(grads, case)[:3]))}
+    named.update({GRAD_NAMES[leaf]: grads[leaf] for leaf in GRAD_NAMES if leaf in grads})
+    return {**named, "max_logit": max_logit}
+
+
+def compared_tensors(
+    case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp, rounded=()
+) -> list[tuple]:
+    """(name, impl, ref64, ref_lp, k, [the same tensor of each randomly rounded composite]) of
+    every tensor the error-ratio rule judges: the output, dq/dk/dv, dbias and dsoftmax_offset
+    where present, max_logit where asked for."""
+    got = _named(case, inputs, impl)
+    want, lp = _named(case, inputs, ref64), _named(case, inputs, ref_lp)
+    others = [_named(case, inputs, r) for r in rounded]
+    names = [n for n in got if n != "max_logit"] + (["max_logit"] if case.return_max_logit else [])
+    return [
+        (n, got[n], want[n], lp[n], K_FORWARD if n in ("out", "max_logit") else K_BACKWARD,
+         [o[n] for o in others])
+        for n in names
+    ]  # fmt: skip
 
 
 def structural_failures(case: AttnCase, inputs: AttnInputs, impl, ref64) -> list[CheckError]:
@@ -196,9 +215,10 @@ def structural_failures(case: AttnCase, inputs: AttnInputs, impl, ref64) -> list
     return failures
 
 
-def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> None:
-    """Output, every gradient and max_logit under the error-ratio rule; exact zeros where the
-    float64 reference has whole zero rows (padding, fully masked rows, trailing tokens).
+def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp, rounded=()) -> None:
+    """Output, every gradient and max_logit under the error-ratio rule (with ``rounded``, the
+    randomly rounded composites: SPEC §6); exact zeros where the float64 reference has whole
+    zero rows (padding, fully masked rows, trailing tokens).
 
     Each failure is a CheckError naming its tensor and check; one alone is raised as itself
     (a known failure expects exactly that: suites/known_failures.py), several as one
@@ -206,21 +226,33 @@ def judge(case: AttnCase, inputs: AttnInputs, impl, ref64, ref_lp) -> None:
     dtype = DTYPES[case.dtype]
     structure = structural_failures(case, inputs, impl, ref64)  # raises on dtype and shapes
     failures: list[AssertionError] = []
-    for name, a, r, lp, k in compared_tensors(case, inputs, impl, ref64, ref_lp):
+    for name, a, r, lp, k, others in compared_tensors(case, inputs, impl, ref64, ref_lp, rounded):
         try:  # SPEC §6: every floor is the case's dtype's (dsoftmax_offset's too, an fp32 sum
             # of the case's roundings; max_logit's tiny-tensor term is 1 ulp: check_ratio)
-            check_ratio(name, a, r, lp, k, dtype)
+            check_ratio(name, a, r, lp, k, dtype, others)
         except AssertionError as e:
             failures.append(e)
     raise_failures(failures + structure)
 
 
 def judge_against_reference(case: AttnCase, inputs: AttnInputs, impl) -> None:
-    """judge() with both references computed from the same inputs."""
+    """judge() with the references computed from the same inputs: float64, the same-precision
+    composite and ROUNDED_RUNS randomly rounded composites (seeded by the case)."""
     scale = case.softmax_scale
+    ref64, ref_lp, rounded = references(case, inputs, scale, zlib.crc32(case.id.encode()))
+    judge(case, inputs, impl, ref64, ref_lp, rounded)
+
+
+def references(case: AttnCase, inputs: AttnInputs, scale: float, seed: int):
+    """(ref64, ref_lp, [ROUNDED_RUNS randomly rounded composites, seeded from ``seed``]): what
+    SPEC §6's rule judges a result against."""
     ref64 = reference(case, inputs, "float64", scale)
     ref_lp = reference(case, inputs, "same_precision", scale)
-    judge(case, inputs, impl, ref64, ref_lp)
+    rounded = [
+        reference(case, inputs, "float64", scale, rounding_seed=zlib.crc32(f"{seed}:{i}".encode()))
+        for i in range(ROUNDED_RUNS)
+    ]  # fmt: skip
+    return ref64, ref_lp, rounded
 
 
 def check_case(adapter: Adapter, case: AttnCase, substitute: bool = False) -> None:

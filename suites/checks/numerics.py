@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -94,8 +95,11 @@ def check_ratio(
     ref_lp: torch.Tensor,
     k: float,
     dtype: torch.dtype | None = None,
+    rounded: Sequence[torch.Tensor] = (),
 ) -> float:
-    """Assert max|impl - ref64| <= k * max|ref_lp - ref64| + floor(dtype, ref64); returns the
+    """Assert max|impl - ref64| <= k * E + floor(dtype, ref64), E the same-precision error:
+    max|ref_lp - ref64|, or, with ``rounded`` (randomly rounded composites of the same values:
+    suites/checks/rounding.py), the largest of it and each max|rounded - ref64|; returns the
     ratio (the floor is larger for a tensor of fewer than TINY_ELEMENTS elements: SPEC §6).
     A failure is a ``ratio_error(name)`` (an AssertionError naming the tensor).
 
@@ -117,6 +121,11 @@ def check_ratio(
     max_err = err.max().item() if err.numel() else 0.0
     ref_err = _abs_diff(lp, r)
     ref_err_max = ref_err.max().item() if ref_err.numel() else 0.0
+    composite_err = ref_err_max
+    for other in rounded:
+        assert other.shape == r.shape, f"{name}: rounded composite shape {tuple(other.shape)}"
+        other_err = _abs_diff(other.detach().to(torch.float64), r)
+        ref_err_max = max(ref_err_max, other_err.max().item() if other_err.numel() else 0.0)
     if ref_err_max == float("inf"):  # the bound would pass anything
         at = _index(int(ref_err.argmax().item()), ref_err.shape)
         raise CheckError.new(
@@ -140,12 +149,14 @@ def check_ratio(
         worst_index=list(worst),
         n_failed=n_failed,
         n_nan=int(bad_nan.sum().item()),
+        **({"composite_err": composite_err, "rounded_err": ref_err_max} if rounded else {}),
     )
     if ratio > 1.0:
         at = f"[{', '.join(map(str, worst))}]"
         raise CheckError.new("ratio", name,
             f"{name}: max |impl - ref64| = {max_err:.3e} > bound {bound:.3e} "
-            f"(= {k:g} x same-precision error {ref_err_max:.3e} + floor {lowest:.1e}"
+            f"(= {k:g} x same-precision error {ref_err_max:.3e}"
+            f"{_rounded_note(rounded, composite_err)} + floor {lowest:.1e}"
             f"{_floor_note(dtype, r, lowest, ulps)}); "
             f"ratio {ratio:.2f}; worst at {at}: impl {a[worst].item():.6g}, ref64 "
             f"{r[worst].item():.6g}, ref_lp {lp[worst].item():.6g}; {n_failed} of {err.numel()} "
@@ -153,6 +164,13 @@ def check_ratio(
             ratio,
         )  # fmt: skip
     return ratio
+
+
+def _rounded_note(rounded, composite_err: float) -> str:
+    """What the failure message says of the randomly rounded composites (nothing without)."""
+    if not rounded:
+        return ""
+    return f" [largest of the composite's {composite_err:.3e} and {len(rounded)} randomly rounded]"
 
 
 def _floor_note(dtype: torch.dtype, ref64: torch.Tensor, lowest: float, ulps: int) -> str:

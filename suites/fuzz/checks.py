@@ -27,7 +27,11 @@ from te_conformance.suites import devices, expected
 from te_conformance.suites.adapters import ADAPTERS, default_adapter
 from te_conformance.suites.cases import AttnCase, make_inputs
 from te_conformance.suites.checks import contracts
-from te_conformance.suites.checks.attention import judge, known_deviations, reference
+from te_conformance.suites.checks.attention import (
+    judge,
+    known_deviations,
+    references,
+)
 from te_conformance.suites.checks.numerics import (
     K_BACKWARD,
     K_FORWARD,
@@ -568,6 +572,5 @@ def check_module_example(ex: ModuleExample, device: str, adapter=None) -> None:
     impl = (out.detach(), None if max_logit is None else max_logit.detach(),
             dict(zip(names, grads)))  # fmt: skip
     with _quiet():
-        ref64 = reference(case, inputs, "float64", scale)
-        ref_lp = reference(case, inputs, "same_precision", scale)
-        judge(case, inputs, impl, ref64, ref_lp)
+        ref64, ref_lp, rounded = references(case, inputs, scale, ex.seed)
+        judge(case, inputs, impl, ref64, ref_lp, rounded)

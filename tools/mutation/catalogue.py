@@ -477,6 +477,14 @@ _PY = [
         (SELFTEST,), k="max_logit_is_judged",
     ),
     Defect(
+        "random_rounding_too_wide", "cpu", "suites/checks/rounding.py",
+        "        step = delta.sub_(0.5).mul_(spacing)",
+        "        step = delta.sub_(0.5).mul_(spacing * 16)",
+        "the randomly rounded composites move a result by up to 8 ulps of the case's dtype, not "
+        "half of one: SPEC 6's bound widens about 16-fold and values several percent off pass",
+        ("suites/judge/test_rounding.py",),
+    ),
+    Defect(
         "known_failure_any_ratio", "cpu", "suites/expected.py",
         "        if self.max_ratio is not None and failure.kind == \"ratio\":\n",
         "        if False:\n",

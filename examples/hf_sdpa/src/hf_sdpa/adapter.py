@@ -52,8 +52,10 @@ FLASH_ONE_KEY = (
     "torch's CPU flash-attention kernel (what sdpa picks for HF's call on the CPU): where a row "
     "has one key, p = 1 and the float64 dq, dk are exactly 0, but the kernel's backward "
     "recomputes p = exp(s - lse) from its logsumexp and takes the row term from the rounded "
-    "output, so dq, dk come out ~1e-7 where the bound is the floor; with torch's math backend "
-    "(torch.backends.cuda.enable_flash_sdp(False)) these cases pass"
+    "output, so dq, dk come out ~1e-7, where SPEC 6's bound is the rounding of the row term's "
+    "terms (its randomly rounded composites), about as large: about half of these cases pass, "
+    "which ones moves with the rounding; with torch's math backend "
+    "(torch.backends.cuda.enable_flash_sdp(False)) they all pass"
 )
 FLASH_ROUNDING = (
     "torch's CPU flash-attention kernel's fp32 rounding: one or two gradient elements 1.0-2.2x "
@@ -195,12 +197,12 @@ class HfSdpaAdapter(Adapter):
                    reason=TOP_LEFT_DECODE),
         Difference(test=EAGER_MATRICES, tensors=("out", "dq", "dk", "dv"),
                    where=_has_fully_masked_rows, reason=FULLY_MASKED),
-        Difference(test=EAGER_MATRICES, tensors=("dq", "dk"), where=_one_key_per_row,
-                   reason=FLASH_ONE_KEY),
         # rounding of torch's kernels at the bound's edge moves with the CPU's instruction set
         # (its vectorized CPU kernels): not strict, a pass elsewhere is listed as XPASS
+        Difference(test=EAGER_MATRICES, tensors=("dq", "dk"), where=_one_key_per_row,
+                   reason=FLASH_ONE_KEY, strict=False),
         *(Difference(test=test, tensors=tensors, reason=reason, ids=ids,
-                     strict=reason not in (FLASH_ROUNDING, INDUCTOR_ROUNDING))
+                     strict=reason not in (FLASH_ROUNDING, INDUCTOR_ROUNDING, FLASH_ONE_KEY))
           for test, tensors, reason, ids in BY_ID),
     )  # fmt: skip
 
