@@ -177,6 +177,16 @@ def _broken_adapters():
                 return value_layer.reshape(b, 1, -1)
             return super().forward(query_layer, key_layer, value_layer, **kwargs)
 
+    class IgnoresScale(UnfusedDotProductAttention):
+        """Built with a softmax_scale, computes at the default d ** -0.5 whatever it was."""
+
+        def forward(self, query_layer, key_layer, value_layer, **kwargs):
+            scale, self.softmax_scale = self.softmax_scale, query_layer.shape[-1] ** -0.5
+            try:
+                return super().forward(query_layer, key_layer, value_layer, **kwargs)
+            finally:
+                self.softmax_scale = scale
+
     def adapter(name, module_cls):
         class Broken(impls.TeFast):
             def build(self, case, scale, dropout=0.0):
@@ -210,6 +220,7 @@ def _broken_adapters():
     return {
         "selftest.mutates_query": adapter("selftest.mutates_query", PrescalesQuery),
         "selftest.aliases_value": adapter("selftest.aliases_value", SingleKeyIsValue),
+        "selftest.ignores_scale": adapter("selftest.ignores_scale", IgnoresScale),
         "selftest.jittery_output": adapter("selftest.jittery_output", JitteryOutput),
         "selftest.unseeded_dropout": adapter("selftest.unseeded_dropout", UnseededDropout),
     }

@@ -223,6 +223,9 @@ FAMILIES = {
 }
 MODULE_DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp16", "fp32")}
 WINDOWS = (None, (0, 0), (1, 0), (2, 1), (-1, 2), (3, -1), (0, -1))
+# the softmax scale, as a factor of the default d ** -0.5 (AttnCase.scale_factor): the default
+# first (hypothesis shrinks towards it), flatter and sharper rows, a power of two
+SCALE_FACTORS = (1.0, 0.37, 2.9, 0.125, 8.0)
 BIASES = (
     ("no_bias", None, None),
     *[(kind, shape, None) for kind in ("pre_scale_bias", "post_scale_bias")
@@ -250,7 +253,8 @@ def _takes(adapter, name: str) -> bool:
 def module_examples(draw, family: str, device: str, adapter=None):
     """One UnfusedDotProductAttention call of the family's layouts: any mask type, window and
     alignment, bias, softmax type, GQA/MQA group, MLA head dims, cross attention, ragged lengths
-    (random, an empty sequence, one full sequence, trailing tokens), a longer kv cache. With an
+    (random, an empty sequence, one full sequence, trailing tokens), a longer kv cache, a
+    softmax scale of SCALE_FACTORS times d ** -0.5. With an
     adapter, only what it declares (its layouts, dtypes, mask, bias and softmax types, optional
     arguments) is drawn, and a case it still turns away (Adapter.declines) is discarded."""
     a = adapter
@@ -301,6 +305,7 @@ def module_examples(draw, family: str, device: str, adapter=None):
         varlen=draw(st.sampled_from(("random", "zero_length", "full", "trailing"))),
         kv_cache_extra=draw(st.integers(0, 3)) if thd_cache else 0,
         return_max_logit=draw(st.booleans()) if _takes(a, "max_logit") else False,
+        scale_factor=draw(st.sampled_from(SCALE_FACTORS)),
     )  # fmt: skip
     hypothesis.assume(case.invalid_reason() is None)
     hypothesis.assume(a is None or not a.declines(case))

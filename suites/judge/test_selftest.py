@@ -372,6 +372,10 @@ def test_fuzz_catches_aliasing_conversion(direction):
     [
         ("selftest.mutates_query", "an input was written"),
         ("selftest.aliases_value", "shares storage"),
+        # the fuzz draws the softmax scale (strategies.SCALE_FACTORS): a module that computes
+        # at the default d ** -0.5 whatever it was built with fails on the values
+        pytest.param("selftest.ignores_scale", r"max \|impl - ref64\|",
+                     id="selftest.ignores_scale-values"),
     ],
 )
 def test_fuzz_catches_broken_module(adapter_name, match):
