@@ -59,8 +59,7 @@ def _recording(real_check_ratio):
         top = finite.max().item() if finite.numel() else 0.0
         base = nm.floor(dtype)
         need = max_err - k * ref_max
-        ulps = nm.MAX_LOGIT_ULPS if name == "max_logit" else nm.TINY_ULPS
-        applied = nm.floor(dtype, r, ulps)
+        applied = nm.floor(dtype, r, nm.tiny_ulps(name))
         row = {
             "test": _state["test"], "example": _state["example"], "tensor": name,
             "n": r.numel(), "dtype": str(dtype).removeprefix("torch."), "k": k,

@@ -38,6 +38,12 @@ TINY_ULPS = 8
 MAX_LOGIT_ULPS = 1
 
 
+def tiny_ulps(name: str) -> int:
+    """The tiny-tensor term's ulps for the tensor ``name`` (SPEC §6): MAX_LOGIT_ULPS for
+    max_logit, TINY_ULPS for every other."""
+    return MAX_LOGIT_ULPS if name == "max_logit" else TINY_ULPS
+
+
 def ulp(dtype: torch.dtype, magnitude: float) -> float:
     """One ulp of ``dtype`` at ``magnitude`` (> 0): eps * 2**floor(log2 magnitude), the spacing
     of the dtype's values in the binade that holds it (normal range; below it the spacing of the
@@ -135,7 +141,7 @@ def check_ratio(
             f"{list(at)}: ref_lp {lp[at].item():.6g}, ref64 {r[at].item():.6g}): SPEC 6's bound "
             "would be infinite, so this case cannot be judged by the rule",
         )
-    ulps = MAX_LOGIT_ULPS if name == "max_logit" else TINY_ULPS  # SPEC §6's tiny-tensor term
+    ulps = tiny_ulps(name)  # SPEC §6's tiny-tensor term
     lowest = floor(dtype, r, ulps)
     bound = k * ref_err_max + lowest
     ratio = max_err / bound

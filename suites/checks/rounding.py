@@ -52,7 +52,7 @@ EXACT = frozenset({
 
 # operations that add up products or terms (their first argument's): accumulated in fp32
 ACCUMULATES = frozenset({"bmm", "mm", "matmul", "sum"})
-ACCUMULATION_EPS = torch.finfo(torch.float32).eps
+ACCUMULATION_DTYPE = torch.float32
 
 
 class UnclassifiedOp(RuntimeError):
@@ -76,18 +76,21 @@ class RandomRounding(TorchDispatchMode):
             self.generators[device] = torch.Generator(device).manual_seed(self.seed)
         return self.generators[device]
 
-    def _round(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> None:
-        """t += uniform [-1/2, 1/2] ulp of ``dtype`` (the case's) at each element that the dtype
-        does not hold exactly (a value it holds, 0, inf and NaN among them, rounds to itself)."""
-        dtype = dtype or self.dtype
+    def _step(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A uniform draw within half an ulp of ``dtype`` at each element of ``t`` (0 where t is
+        inf or NaN)."""
         info = torch.finfo(dtype)
         delta = torch.rand(t.shape, dtype=t.dtype, device=t.device,
                            generator=self._generator(t.device))  # fmt: skip
         _, exponent = torch.frexp(t.abs().clamp(min=info.tiny))  # |t| = m * 2**e, 0.5 <= m < 1
         spacing = torch.ldexp(torch.full_like(t, info.eps / 2), exponent)  # eps * 2**(e - 1)
-        step = delta.sub_(0.5).mul_(spacing)
-        held = (t.to(dtype).to(t.dtype) == t) | ~torch.isfinite(t)
-        t.add_(step.masked_fill_(held, 0.0))
+        return delta.sub_(0.5).mul_(spacing).masked_fill_(~torch.isfinite(t), 0.0)
+
+    def _round(self, t: torch.Tensor) -> None:
+        """t += uniform [-1/2, 1/2] ulp of the case's dtype at each element that the dtype does
+        not hold exactly (a value it holds, 0, inf and NaN among them, rounds to itself)."""
+        step = self._step(t, self.dtype)
+        t.add_(step.masked_fill_(t.to(self.dtype).to(t.dtype) == t, 0.0))
 
     def _accumulating(self, name: str, args: tuple) -> tuple:
         """The arguments of a GEMM or a sum with the operand whose products or terms it adds up
@@ -98,13 +101,7 @@ class RandomRounding(TorchDispatchMode):
             return args
         if args[0].dtype != torch.float64:
             return args
-        operand = args[0].clone()
-        delta = torch.rand(operand.shape, dtype=operand.dtype, device=operand.device,
-                           generator=self._generator(operand.device))  # fmt: skip
-        _, exponent = torch.frexp(operand.abs().clamp(min=torch.finfo(torch.float32).tiny))
-        spacing = torch.ldexp(torch.full_like(operand, ACCUMULATION_EPS / 2), exponent)
-        operand.add_(delta.sub_(0.5).mul_(spacing).masked_fill_(~torch.isfinite(operand), 0.0))
-        return (operand, *args[1:])
+        return (args[0] + self._step(args[0], ACCUMULATION_DTYPE), *args[1:])
 
     def _softmax_backward(self, grad: torch.Tensor, y: torch.Tensor, dim: int, *_) -> torch.Tensor:
         """dx = y * (dy - rowsum(y * dy)), the row term's terms each rounded for the dtype before

@@ -27,11 +27,7 @@ from te_conformance.suites import devices, expected
 from te_conformance.suites.adapters import ADAPTERS, default_adapter
 from te_conformance.suites.cases import AttnCase, make_inputs
 from te_conformance.suites.checks import contracts
-from te_conformance.suites.checks.attention import (
-    judge,
-    known_deviations,
-    references,
-)
+from te_conformance.suites.checks.attention import judge, known_deviations, references
 from te_conformance.suites.checks.numerics import (
     K_BACKWARD,
     K_FORWARD,

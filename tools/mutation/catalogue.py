@@ -470,16 +470,16 @@ _PY = [
     ),
     Defect(
         "max_logit_at_eight_ulps", "cpu", "suites/checks/numerics.py",
-        "    ulps = MAX_LOGIT_ULPS if name == \"max_logit\" else TINY_ULPS",
-        "    ulps = TINY_ULPS",
+        "    return MAX_LOGIT_ULPS if name == \"max_logit\" else TINY_ULPS",
+        "    return TINY_ULPS",
         "max_logit gets the tiny-tensor floor of 8 ulps of the case's dtype: a bf16 max_logit "
         "2% high passes",
         (SELFTEST,), k="max_logit_is_judged",
     ),
     Defect(
         "random_rounding_too_wide", "cpu", "suites/checks/rounding.py",
-        "        step = delta.sub_(0.5).mul_(spacing)",
-        "        step = delta.sub_(0.5).mul_(spacing * 16)",
+        "        return delta.sub_(0.5).mul_(spacing).masked_fill_(~torch.isfinite(t), 0.0)",
+        "        return delta.sub_(0.5).mul_(spacing * 16).masked_fill_(~torch.isfinite(t), 0.0)",
         "the randomly rounded composites move a result by up to 8 ulps of the case's dtype, not "
         "half of one: SPEC 6's bound widens about 16-fold and values several percent off pass",
         ("suites/judge/test_rounding.py",),
